@@ -1,0 +1,323 @@
+//! Consensus for the ModelForge control plane.
+//!
+//! Architecture invariant: this is the only crate that names openraft types. The control plane
+//! above it sees opaque, already-encoded commands ([`Application::apply`] takes bytes and returns
+//! bytes), a [`Consensus`] handle with `write`/`lease_read`/`status`, and plain structs.
+//!
+//! - [`log_store`]: the durable Raft log and vote in redb, group-committed by one writer thread.
+//! - [`state_machine`]: adapts an [`Application`] to openraft, with snapshots on disk.
+//! - [`network`]: peer RPCs over HTTP, authenticated with the cluster secret.
+//! - [`codec`]: the one place that knows the byte layout of records and RPC bodies.
+
+pub mod codec;
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::async_runtime::WatchReceiver;
+use openraft::ReadPolicy;
+use openraft::ServerState;
+use openraft::errors::ClientWriteError;
+use openraft::errors::RaftError;
+use serde::Deserialize;
+use serde::Serialize;
+
+pub use crate::log_store::LogStore;
+pub use crate::network::PeerNetwork;
+pub use crate::state_machine::StateMachine;
+
+/// An application command, already encoded by the application's own codec use.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppRequest(pub Vec<u8>);
+
+impl std::fmt::Display for AppRequest {
+    /// Only the size: a command's content is the application's business (and never logged).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AppRequest({} bytes)", self.0.len())
+    }
+}
+
+/// What applying an [`AppRequest`] returned, encoded by the application.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct AppResponse(pub Vec<u8>);
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of ModelForge.
+    pub TypeConfig:
+        D = AppRequest,
+        R = AppResponse,
+        NodeId = u64,
+        Node = BasicNode,
+);
+
+pub type Raft<A> = openraft::Raft<TypeConfig, StateMachine<A>>;
+pub type SnapshotData = Cursor<Vec<u8>>;
+
+/// The replicated application: a deterministic function of (state, command).
+///
+/// Architecture invariant: `apply` does no I/O and reads no clock; everything it decides on is
+/// in the command (including the leader-stamped time).
+pub trait Application: Send + Sync + 'static {
+    /// Apply one committed command and return the encoded response.
+    fn apply(&self, log_index: u64, command: &[u8]) -> Vec<u8>;
+    /// Encode the whole state, for a snapshot.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replace the whole state with a snapshot's.
+    fn restore(&self, data: &[u8]) -> std::io::Result<()>;
+}
+
+/// Timing and retention knobs for one member.
+#[derive(Clone, Debug)]
+pub struct RaftTuning {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_every_logs: u64,
+    pub logs_kept_after_snapshot: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 350,
+            election_timeout_max_ms: 700,
+            snapshot_every_logs: 5000,
+            logs_kept_after_snapshot: 5000,
+        }
+    }
+}
+
+/// Why a write did not return a result.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Certainly not applied by this member: ask the leader.
+    #[error("this member is not the leader")]
+    NotLeader { leader: Option<(u64, String)> },
+    /// May or may not have committed: the caller retries the same (deduplicated) command.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    #[error("consensus failed: {0}")]
+    Fatal(String),
+}
+
+/// Why a linearizable read could not be served here.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("this member is not the leader")]
+    NotLeader { leader: Option<(u64, String)> },
+    #[error("leadership could not be confirmed: {0}")]
+    Unavailable(String),
+}
+
+/// One member as this member sees the membership.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberView {
+    pub id: u64,
+    pub url: String,
+    pub voter: bool,
+}
+
+/// A plain summary of openraft's metrics for the API and the tests.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub id: u64,
+    pub leader_id: Option<u64>,
+    pub leader_url: Option<String>,
+    pub term: u64,
+    pub state: String,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub snapshot_index: Option<u64>,
+    pub members: Vec<MemberView>,
+}
+
+/// The handle the control plane holds: a running Raft member.
+pub struct Consensus<A: Application> {
+    raft: Raft<A>,
+    id: u64,
+}
+
+impl<A: Application> Clone for Consensus<A> {
+    fn clone(&self) -> Self {
+        Self { raft: self.raft.clone(), id: self.id }
+    }
+}
+
+impl<A: Application> Consensus<A> {
+    /// Open the member's store under `dir` and start its Raft task.
+    pub async fn start(
+        id: u64,
+        dir: &Path,
+        app: Arc<A>,
+        network: PeerNetwork,
+        tuning: &RaftTuning,
+    ) -> anyhow_like::Result<Self> {
+        let config = openraft::Config {
+            cluster_name: "modelforge".to_string(),
+            heartbeat_interval: tuning.heartbeat_interval_ms,
+            election_timeout_min: tuning.election_timeout_min_ms,
+            election_timeout_max: tuning.election_timeout_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_logs),
+            max_in_snapshot_log_to_keep: tuning.logs_kept_after_snapshot,
+            install_snapshot_timeout: 10_000,
+            ..Default::default()
+        };
+        let config = Arc::new(config.validate().map_err(|e| anyhow_like::Error(e.to_string()))?);
+        std::fs::create_dir_all(dir).map_err(|e| anyhow_like::Error(format!("create {}: {e}", dir.display())))?;
+        let log = LogStore::open(&dir.join("raft-log.redb")).map_err(|e| anyhow_like::Error(e.to_string()))?;
+        let sm = StateMachine::open(dir, app).map_err(|e| anyhow_like::Error(e.to_string()))?;
+        let raft = openraft::Raft::new(id, config, network, log, sm)
+            .await
+            .map_err(|e| anyhow_like::Error(e.to_string()))?;
+        Ok(Self { raft, id })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether this member has ever been part of an initialised cluster.
+    pub async fn is_initialized(&self) -> bool {
+        self.raft.is_initialized().await.unwrap_or(false)
+    }
+
+    /// Form a cluster of exactly `members` (id -> URL). Calling it on several pristine members
+    /// with the same list is safe; on an initialised member it does nothing.
+    pub async fn initialize(&self, members: &BTreeMap<u64, String>) -> Result<(), String> {
+        let nodes: BTreeMap<u64, BasicNode> =
+            members.iter().map(|(id, url)| (*id, BasicNode { addr: url.clone() })).collect();
+        match self.raft.initialize(nodes).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(openraft::errors::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Propose `command` and wait until it is applied here, returning the application's answer.
+    pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>, WriteError> {
+        match self.raft.client_write(AppRequest(command)).await {
+            Ok(resp) => Ok(resp.data.0),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(WriteError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+            }),
+            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                Err(WriteError::OutcomeUnknown(format!("entry discarded on leader change: {f}")))
+            }
+            Err(RaftError::APIError(e)) => Err(WriteError::Fatal(e.to_string())),
+            Err(RaftError::Fatal(e)) => Err(WriteError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Confirm by leader lease that this member leads and has applied everything committed
+    /// before the call: a read of the local state after this is linearizable.
+    pub async fn lease_read(&self) -> Result<(), ReadError> {
+        self.linearize(ReadPolicy::LeaseRead).await
+    }
+
+    /// Like [`Self::lease_read`] but confirmed by a round trip to a quorum.
+    pub async fn read_index(&self) -> Result<(), ReadError> {
+        self.linearize(ReadPolicy::ReadIndex).await
+    }
+
+    async fn linearize(&self, policy: ReadPolicy) -> Result<(), ReadError> {
+        match self.raft.ensure_linearizable(policy).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
+                Err(ReadError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) })
+            }
+            Err(e) => Err(ReadError::Unavailable(e.to_string())),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// The leader as this member last heard of it: (id, URL).
+    pub fn leader(&self) -> Option<(u64, String)> {
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        let id = m.current_leader?;
+        let url = m.membership_config.membership().get_node(&id)?.addr.clone();
+        Some((id, url))
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| MemberView { id: *id, url: node.addr.clone(), voter: voters.contains(id) })
+            .collect();
+        let leader_url = m.current_leader.and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
+        ClusterStatus {
+            id: self.id,
+            leader_id: m.current_leader,
+            leader_url,
+            term: m.current_term,
+            state: format!("{:?}", m.state),
+            commit_index: m.local_committed.as_ref().map(|l| l.index()).unwrap_or(0),
+            applied_index: m.last_applied.as_ref().map(|l| l.index()).unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            snapshot_index: m.snapshot.as_ref().map(|l| l.index()),
+            members,
+        }
+    }
+
+    /// Wait until `pred` holds for this member's status, or `timeout` passes.
+    pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&ClusterStatus) -> bool) -> bool {
+        let mut rx = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if pred(&self.status()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return pred(&self.status());
+            }
+        }
+    }
+
+    /// Answer a peer RPC (already authenticated by the caller); the body is codec-encoded.
+    pub async fn handle_peer_rpc(&self, kind: &str, body: &[u8]) -> Result<Vec<u8>, network::PeerRpcError> {
+        network::serve(&self.raft, kind, body).await
+    }
+
+    /// Ask for a snapshot now (tests and operators).
+    pub async fn trigger_snapshot(&self) -> Result<(), String> {
+        self.raft.trigger().snapshot().await.map_err(|e| e.to_string())
+    }
+
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+}
+
+/// A tiny error type so that this crate needs no `anyhow`.
+pub mod anyhow_like {
+    #[derive(Debug)]
+    pub struct Error(pub String);
+    impl std::fmt::Display for Error {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    impl std::error::Error for Error {}
+    pub type Result<T> = std::result::Result<T, Error>;
+}

@@ -1,0 +1,112 @@
+//! Request and response bodies of the contract's agent API, and the shapes agents, fixture
+//! files and outside tools share (inventory, telemetry). A member ignores fields it does not
+//! know (serde's default), so agents and members can be upgraded at different times.
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::identity::IdentityProof;
+
+/// One accelerator as inventoried (NVML, simulated or fixture: the same shape).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Accelerator {
+    pub uuid: String,
+    pub name: String,
+    #[serde(default)]
+    pub memory_total_mib: Option<u64>,
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
+    #[serde(default)]
+    pub index: Option<u32>,
+    #[serde(default)]
+    pub mig_mode: Option<String>,
+    #[serde(default)]
+    pub power_limit_w: Option<u64>,
+}
+
+/// A storage root of the node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct StorageRoot {
+    pub path: String,
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    #[serde(default)]
+    pub free_bytes: u64,
+}
+
+/// What hardware a node has. `accelerators` and `storage_roots` are required.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, Default)]
+pub struct Inventory {
+    pub accelerators: Vec<Accelerator>,
+    pub storage_roots: Vec<StorageRoot>,
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    #[serde(default)]
+    pub cuda_version: Option<String>,
+    /// `ok`, `absent` or `error: <reason>`.
+    #[serde(default)]
+    pub nvml: Option<String>,
+}
+
+/// Per-accelerator telemetry in a heartbeat; every field optional.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct AcceleratorTelemetry {
+    #[serde(default)]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub utilization_pct: Option<f64>,
+    #[serde(default)]
+    pub memory_used_mib: Option<f64>,
+    #[serde(default)]
+    pub temperature_c: Option<f64>,
+    #[serde(default)]
+    pub power_draw_w: Option<f64>,
+    #[serde(default)]
+    pub ecc_errors_uncorrected: Option<u64>,
+}
+
+/// The heartbeat body. `{}` is a valid heartbeat.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct Telemetry {
+    #[serde(default)]
+    pub accelerators: Vec<AcceleratorTelemetry>,
+}
+
+/// `POST /api/v1/agent/enroll`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EnrollRequest {
+    pub token: String,
+    pub hostname: String,
+    pub identity: IdentityProof,
+    pub inventory: Inventory,
+}
+
+/// 201 answer to an enrolment.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EnrollResponse {
+    pub node_id: String,
+    pub credential: String,
+    pub credential_id: String,
+    /// Whether the identity was already known (same node id as before).
+    pub reenrolled: bool,
+}
+
+/// 200 answer to a heartbeat.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    pub status: String,
+    pub node_id: String,
+    pub server_time: String,
+}
+
+/// The contract's error body: `{"error": {"code", "message"}}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}

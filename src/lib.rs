@@ -1,0 +1,7 @@
+//! The ModelForge control plane: a Raft-replicated cluster that enrols GPU compute nodes,
+//! authenticates their heartbeats and keeps their credentials, inventory and history.
+//!
+//! See ARCHITECTURE.md for the map. Entry points: [`server::serve`] (the `serve` command) and
+//! [`state::State::apply`] (every replicated change).
+
+pub mod state;

@@ -1,0 +1,599 @@
+//! The replicated state of the control plane and the one function that changes it.
+//!
+//! Architecture invariant: [`State::apply`] is a pure function of (state, envelope). It reads no
+//! clock (the leader stamps `now_ms` into every envelope, and the state's clock only moves
+//! forward), does no I/O, and never panics on any input: an impossible command is refused
+//! with the same answer on every member.
+//!
+//! Invariants kept here (and checked by the unit tests below):
+//! - one enrolment token mints at most one node identity; a retry of the claim by the same
+//!   identity gets the same node id, until a credential from that claim was used or revoked;
+//! - one identity (public key) maps to exactly one node;
+//! - a node has at most one active credential; issuing one revokes the others in the same step;
+//! - a revoked credential is never un-revoked;
+//! - the plaintext of a token or credential never reaches this module: only argon2id hashes.
+
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
+
+use modelforge_proto::wire::Inventory;
+use serde::Deserialize;
+use serde::Serialize;
+use sha2::Digest;
+
+/// How many history events a node keeps (oldest dropped first).
+pub const HISTORY_PER_NODE: usize = 256;
+/// How long a request id's answer is kept for deduplicating retries (leader time).
+pub const DEDUP_TTL_MS: i64 = 24 * 3600 * 1000;
+/// The most remembered request ids.
+pub const DEDUP_MAX: usize = 200_000;
+
+/// A command with the metadata every command carries.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique per logical request; a retry reuses it and gets the first answer.
+    pub request_id: String,
+    /// Leader-stamped wall time, milliseconds since the Unix epoch.
+    pub now_ms: i64,
+    /// Who asked: `admin`, `agent:<node or key>`, `system`.
+    pub actor: String,
+    pub command: Command,
+}
+
+/// Everything that changes replicated state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Command {
+    CreateToken { token_id: String, hash: String, ttl_ms: i64, note: Option<String> },
+    CancelToken { token_id: String },
+    Enroll {
+        token_id: String,
+        public_key: String,
+        hostname: String,
+        inventory: Inventory,
+        /// Used only if the identity is new: the leader picks it, so apply stays deterministic.
+        new_node_id: String,
+        credential_id: String,
+        credential_hash: String,
+    },
+    RevokeCredentials { node_id: String, reason: String },
+    /// Coalesced `last_used_at` updates: (credential id, used at).
+    TouchCredentials { uses: Vec<(String, i64)> },
+    UpdateInventory { node_id: String, inventory: Inventory },
+}
+
+impl Command {
+    fn action(&self) -> &'static str {
+        match self {
+            Command::CreateToken { .. } => "enrollment.create",
+            Command::CancelToken { .. } => "enrollment.cancel",
+            Command::Enroll { .. } => "node.enroll",
+            Command::RevokeCredentials { .. } => "credential.revoke",
+            Command::TouchCredentials { .. } => "credential.touch",
+            Command::UpdateInventory { .. } => "node.inventory",
+        }
+    }
+
+    /// Admin and enrolment actions go into the audit trail; bookkeeping does not.
+    fn audited(&self) -> bool {
+        !matches!(self, Command::TouchCredentials { .. } | Command::UpdateInventory { .. })
+    }
+}
+
+/// A successful command's answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Outcome {
+    TokenCreated { token_id: String, created_at_ms: i64, expires_at_ms: i64 },
+    TokenCancelled { token_id: String },
+    Enrolled { node_id: String, credential_id: String, reenrolled: bool },
+    Revoked { credential_ids: Vec<String> },
+    Touched { count: usize },
+    InventoryUpdated { changed: bool },
+}
+
+/// A refused command: the same on every member, mapped to HTTP by `error.rs`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: u16, code: &str, message: impl Into<String>) -> Self {
+        Self { status, code: code.to_string(), message: message.into() }
+    }
+}
+
+pub type ApplyResult = Result<Outcome, Refusal>;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Claim {
+    pub node_id: String,
+    pub public_key: String,
+    /// The latest credential issued by this claim.
+    pub credential_id: String,
+    pub claimed_at_ms: i64,
+    /// Set once a credential from this claim was used or revoked: no retry after that.
+    pub spent: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Token {
+    pub token_id: String,
+    pub hash: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub note: Option<String>,
+    pub cancelled_at_ms: Option<i64>,
+    pub claim: Option<Claim>,
+}
+
+impl Token {
+    /// `pending`, `claimed`, `expired` or `cancelled` at `now_ms`.
+    pub fn state_at(&self, now_ms: i64) -> &'static str {
+        if self.claim.is_some() {
+            "claimed"
+        } else if self.cancelled_at_ms.is_some() {
+            "cancelled"
+        } else if now_ms > self.expires_at_ms {
+            "expired"
+        } else {
+            "pending"
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HistoryEvent {
+    pub at_ms: i64,
+    pub kind: String,
+    pub detail: String,
+    /// How many identical events were folded into this one.
+    pub count: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Node {
+    pub node_id: String,
+    pub hostname: String,
+    pub public_key: String,
+    pub enabled: bool,
+    pub decommissioned_at_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub enrolled_at_ms: i64,
+    pub inventory: Inventory,
+    pub inventory_digest: String,
+    /// Every credential ever issued to this node, oldest first.
+    pub credential_ids: Vec<String>,
+    pub history: VecDeque<HistoryEvent>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Credential {
+    pub credential_id: String,
+    pub node_id: String,
+    pub hash: String,
+    pub created_at_ms: i64,
+    pub last_used_at_ms: Option<i64>,
+    pub revoked_at_ms: Option<i64>,
+    pub revoked_reason: Option<String>,
+    pub token_id: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AuditEvent {
+    pub seq: u64,
+    pub at_ms: i64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub result: String,
+    pub request_id: String,
+    pub log_index: u64,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// The whole replicated state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct State {
+    /// The latest leader-stamped time applied; never goes back.
+    pub clock_ms: i64,
+    pub last_applied_index: u64,
+    pub tokens: BTreeMap<String, Token>,
+    pub nodes: BTreeMap<String, Node>,
+    /// Identity public key -> node id.
+    pub identities: BTreeMap<String, String>,
+    pub credentials: BTreeMap<String, Credential>,
+    pub audit: Vec<AuditEvent>,
+    /// request id -> (applied at, answer).
+    pub dedup: BTreeMap<String, (i64, ApplyResult)>,
+    pub dedup_order: VecDeque<(i64, String)>,
+}
+
+/// SHA-256 hex of an inventory's canonical JSON.
+pub fn inventory_digest(inv: &Inventory) -> String {
+    let json = serde_json::to_vec(inv).unwrap_or_default();
+    modelforge_proto::hex(&sha2::Sha256::digest(&json))
+}
+
+impl State {
+    /// Apply one committed envelope at `log_index`. Deterministic; never panics.
+    pub fn apply(&mut self, log_index: u64, env: &Envelope) -> ApplyResult {
+        self.clock_ms = self.clock_ms.max(env.now_ms);
+        self.last_applied_index = log_index;
+        let now = self.clock_ms;
+        self.prune_dedup(now);
+        if let Some((_, answer)) = self.dedup.get(&env.request_id) {
+            return answer.clone();
+        }
+        let result = self.execute(now, env);
+        if env.command.audited() {
+            let target = match (&env.command, &result) {
+                (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.clone(),
+                (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id }, _) => token_id.clone(),
+                (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
+                (Command::RevokeCredentials { node_id, .. }, _) => node_id.clone(),
+                _ => String::new(),
+            };
+            let outcome = match &result {
+                Ok(_) => "ok".to_string(),
+                Err(r) => r.code.clone(),
+            };
+            self.audit(now, log_index, &env.actor, env.command.action(), &target, &outcome, &env.request_id);
+        }
+        if !env.request_id.is_empty() {
+            self.dedup.insert(env.request_id.clone(), (now, result.clone()));
+            self.dedup_order.push_back((now, env.request_id.clone()));
+        }
+        result
+    }
+
+    fn prune_dedup(&mut self, now: i64) {
+        while let Some((at, id)) = self.dedup_order.front() {
+            if now - *at > DEDUP_TTL_MS || self.dedup_order.len() > DEDUP_MAX {
+                self.dedup.remove(id);
+                self.dedup_order.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // one audit row has this many columns
+    fn audit(&mut self, now: i64, log_index: u64, actor: &str, action: &str, target: &str, result: &str, request_id: &str) {
+        let seq = self.audit.len() as u64 + 1;
+        let prev_hash = self.audit.last().map(|e| e.hash.clone()).unwrap_or_else(|| "0".repeat(64));
+        let mut ev = AuditEvent {
+            seq,
+            at_ms: now,
+            actor: actor.to_string(),
+            action: action.to_string(),
+            target: target.to_string(),
+            result: result.to_string(),
+            request_id: request_id.to_string(),
+            log_index,
+            prev_hash,
+            hash: String::new(),
+        };
+        ev.hash = audit_hash(&ev);
+        self.audit.push(ev);
+    }
+
+    fn execute(&mut self, now: i64, env: &Envelope) -> ApplyResult {
+        match &env.command {
+            Command::CreateToken { token_id, hash, ttl_ms, note } => {
+                if self.tokens.contains_key(token_id) {
+                    return Err(Refusal::new(409, "token_exists", "an enrolment token with this id exists"));
+                }
+                let expires_at_ms = now.saturating_add(*ttl_ms);
+                self.tokens.insert(
+                    token_id.clone(),
+                    Token {
+                        token_id: token_id.clone(),
+                        hash: hash.clone(),
+                        created_at_ms: now,
+                        expires_at_ms,
+                        note: note.clone(),
+                        cancelled_at_ms: None,
+                        claim: None,
+                    },
+                );
+                Ok(Outcome::TokenCreated { token_id: token_id.clone(), created_at_ms: now, expires_at_ms })
+            }
+            Command::CancelToken { token_id } => {
+                let Some(t) = self.tokens.get_mut(token_id) else {
+                    return Err(Refusal::new(404, "enrollment_not_found", "no enrolment token with this id"));
+                };
+                if t.claim.is_some() {
+                    return Err(Refusal::new(409, "enrollment_claimed", "the token was already claimed; revoke the node's credential instead"));
+                }
+                t.cancelled_at_ms.get_or_insert(now);
+                Ok(Outcome::TokenCancelled { token_id: token_id.clone() })
+            }
+            Command::Enroll { token_id, public_key, hostname, inventory, new_node_id, credential_id, credential_hash } => {
+                self.enroll(now, token_id, public_key, hostname, inventory, new_node_id, credential_id, credential_hash)
+            }
+            Command::RevokeCredentials { node_id, reason } => {
+                let Some(node) = self.nodes.get(node_id) else {
+                    return Err(Refusal::new(404, "node_not_found", "no node with this id"));
+                };
+                let active: Vec<String> = node
+                    .credential_ids
+                    .iter()
+                    .filter(|c| self.credentials.get(*c).is_some_and(|c| c.revoked_at_ms.is_none()))
+                    .cloned()
+                    .collect();
+                for c in &active {
+                    self.revoke(now, c, reason, true);
+                }
+                Ok(Outcome::Revoked { credential_ids: active })
+            }
+            Command::TouchCredentials { uses } => {
+                let mut count = 0;
+                for (id, at) in uses {
+                    let Some(c) = self.credentials.get_mut(id) else { continue };
+                    let at = (*at).min(now);
+                    let first = c.last_used_at_ms.is_none();
+                    c.last_used_at_ms = Some(c.last_used_at_ms.map_or(at, |old| old.max(at)));
+                    count += 1;
+                    if first {
+                        let token_id = c.token_id.clone();
+                        self.spend_claim(token_id.as_deref(), id);
+                    }
+                }
+                Ok(Outcome::Touched { count })
+            }
+            Command::UpdateInventory { node_id, inventory } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Err(Refusal::new(404, "node_not_found", "no node with this id"));
+                };
+                if node.decommissioned_at_ms.is_some() {
+                    return Err(Refusal::new(409, "node_decommissioned", "the node is decommissioned"));
+                }
+                Ok(Outcome::InventoryUpdated { changed: set_inventory(node, now, inventory) })
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // the fields of one enrolment command
+    fn enroll(
+        &mut self,
+        now: i64,
+        token_id: &str,
+        public_key: &str,
+        hostname: &str,
+        inventory: &Inventory,
+        new_node_id: &str,
+        credential_id: &str,
+        credential_hash: &str,
+    ) -> ApplyResult {
+        let invalid = || Refusal::new(401, "invalid_token", "the enrolment token is unknown, expired, cancelled or already claimed");
+        let Some(token) = self.tokens.get(token_id) else { return Err(invalid()) };
+        if token.cancelled_at_ms.is_some() {
+            return Err(Refusal::new(401, "token_cancelled", "the enrolment token was cancelled"));
+        }
+        if now > token.expires_at_ms {
+            return Err(Refusal::new(401, "token_expired", "the enrolment token has expired"));
+        }
+        if self.credentials.contains_key(credential_id) {
+            return Err(Refusal::new(409, "credential_exists", "credential id collision; retry"));
+        }
+        let existing = self.identities.get(public_key).cloned();
+        if let Some(nid) = &existing
+            && self.nodes.get(nid).is_some_and(|n| n.decommissioned_at_ms.is_some())
+        {
+            return Err(Refusal::new(403, "identity_decommissioned", "this identity belongs to a decommissioned node and can never enrol again"));
+        }
+        let retry = match &token.claim {
+            None => false,
+            Some(claim) => {
+                let delivered = self
+                    .credentials
+                    .get(&claim.credential_id)
+                    .is_some_and(|c| c.last_used_at_ms.is_some() || c.revoked_at_ms.is_some());
+                if claim.public_key != public_key || claim.spent || delivered {
+                    return Err(Refusal::new(401, "token_already_claimed", "the enrolment token was already claimed"));
+                }
+                true
+            }
+        };
+        let claimed_credential = token.claim.as_ref().map(|c| c.credential_id.clone());
+        let (node_id, reenrolled) = match existing {
+            Some(nid) => (nid, true),
+            None => {
+                if self.nodes.contains_key(new_node_id) {
+                    return Err(Refusal::new(409, "node_id_exists", "node id collision; retry"));
+                }
+                self.identities.insert(public_key.to_string(), new_node_id.to_string());
+                self.nodes.insert(
+                    new_node_id.to_string(),
+                    Node {
+                        node_id: new_node_id.to_string(),
+                        hostname: hostname.to_string(),
+                        public_key: public_key.to_string(),
+                        enabled: true,
+                        decommissioned_at_ms: None,
+                        created_at_ms: now,
+                        enrolled_at_ms: now,
+                        inventory: Inventory::default(),
+                        inventory_digest: inventory_digest(&Inventory::default()),
+                        credential_ids: Vec::new(),
+                        history: VecDeque::new(),
+                    },
+                );
+                (new_node_id.to_string(), false)
+            }
+        };
+        // Every older credential of the node is revoked in this same step. A claim retry
+        // revokes only the undelivered credential and leaves the token claimable by the same
+        // identity; any other supersession spends the token the old credential came from.
+        let old: Vec<String> = self.nodes[&node_id]
+            .credential_ids
+            .iter()
+            .filter(|c| self.credentials.get(*c).is_some_and(|c| c.revoked_at_ms.is_none()))
+            .cloned()
+            .collect();
+        for c in &old {
+            let undelivered_retry = retry && claimed_credential.as_ref() == Some(c);
+            let reason = if undelivered_retry { "superseded by a retry of the same claim" } else { "superseded by re-enrolment" };
+            self.revoke(now, c, reason, !undelivered_retry);
+        }
+        self.credentials.insert(
+            credential_id.to_string(),
+            Credential {
+                credential_id: credential_id.to_string(),
+                node_id: node_id.clone(),
+                hash: credential_hash.to_string(),
+                created_at_ms: now,
+                last_used_at_ms: None,
+                revoked_at_ms: None,
+                revoked_reason: None,
+                token_id: Some(token_id.to_string()),
+            },
+        );
+        let token = self.tokens.get_mut(token_id).expect("token looked up above");
+        match &mut token.claim {
+            Some(claim) => claim.credential_id = credential_id.to_string(),
+            None => {
+                token.claim = Some(Claim {
+                    node_id: node_id.clone(),
+                    public_key: public_key.to_string(),
+                    credential_id: credential_id.to_string(),
+                    claimed_at_ms: now,
+                    spent: false,
+                })
+            }
+        }
+        let node = self.nodes.get_mut(&node_id).expect("node exists or was created above");
+        node.credential_ids.push(credential_id.to_string());
+        node.enrolled_at_ms = now;
+        if node.hostname != hostname {
+            let detail = format!("{} -> {hostname}", node.hostname);
+            node.hostname = hostname.to_string();
+            push_history(node, now, "hostname_changed", detail);
+        }
+        let kind = if retry { "enrolment_retried" } else if reenrolled { "re-enrolled" } else { "enrolled" };
+        push_history(node, now, kind, format!("token {token_id}"));
+        push_history(node, now, "credential_issued", credential_id.to_string());
+        set_inventory(node, now, inventory);
+        Ok(Outcome::Enrolled { node_id, credential_id: credential_id.to_string(), reenrolled: reenrolled || retry })
+    }
+
+    /// Revoke one credential (idempotent). With `spend`, the claim it came from is spent too.
+    fn revoke(&mut self, now: i64, credential_id: &str, reason: &str, spend: bool) {
+        let Some(c) = self.credentials.get_mut(credential_id) else { return };
+        if c.revoked_at_ms.is_some() {
+            return;
+        }
+        c.revoked_at_ms = Some(now);
+        c.revoked_reason = Some(reason.to_string());
+        let (node_id, token_id) = (c.node_id.clone(), c.token_id.clone());
+        if spend {
+            self.spend_claim(token_id.as_deref(), credential_id);
+        }
+        if let Some(node) = self.nodes.get_mut(&node_id) {
+            push_history(node, now, "credential_revoked", format!("{credential_id}: {reason}"));
+        }
+    }
+
+    fn spend_claim(&mut self, token_id: Option<&str>, credential_id: &str) {
+        if let Some(claim) = token_id.and_then(|t| self.tokens.get_mut(t)).and_then(|t| t.claim.as_mut())
+            && claim.credential_id == credential_id
+        {
+            claim.spent = true;
+        }
+    }
+
+    /// Active (unrevoked) credentials of a node.
+    pub fn active_credentials(&self, node_id: &str) -> Vec<&Credential> {
+        self.nodes
+            .get(node_id)
+            .map(|n| {
+                n.credential_ids
+                    .iter()
+                    .filter_map(|c| self.credentials.get(c))
+                    .filter(|c| c.revoked_at_ms.is_none())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A digest of the whole state, to compare members.
+    pub fn digest(&self) -> String {
+        let bytes = modelforge_raft::codec::encode(self).unwrap_or_default();
+        modelforge_proto::hex(&sha2::Sha256::digest(&bytes))
+    }
+}
+
+/// Replace a node's inventory; record appeared/disappeared accelerators. Returns whether it changed.
+fn set_inventory(node: &mut Node, now: i64, inventory: &Inventory) -> bool {
+    let digest = inventory_digest(inventory);
+    if digest == node.inventory_digest {
+        return false;
+    }
+    let old: Vec<&str> = node.inventory.accelerators.iter().map(|a| a.uuid.as_str()).collect();
+    let new: Vec<&str> = inventory.accelerators.iter().map(|a| a.uuid.as_str()).collect();
+    let appeared: Vec<String> = new.iter().filter(|u| !old.contains(u)).map(|u| u.to_string()).collect();
+    let gone: Vec<String> = old.iter().filter(|u| !new.contains(u)).map(|u| u.to_string()).collect();
+    node.inventory = inventory.clone();
+    node.inventory_digest = digest;
+    for u in appeared {
+        push_history(node, now, "accelerator_appeared", u);
+    }
+    for u in gone {
+        push_history(node, now, "accelerator_disappeared", u);
+    }
+    true
+}
+
+/// Append to a node's bounded history, folding a repeat of the latest event into it.
+pub fn push_history(node: &mut Node, now: i64, kind: &str, detail: String) {
+    if let Some(last) = node.history.back_mut()
+        && last.kind == kind
+        && last.detail == detail
+    {
+        last.count = last.count.saturating_add(1);
+        last.at_ms = now;
+        return;
+    }
+    node.history.push_back(HistoryEvent { at_ms: now, kind: kind.to_string(), detail, count: 1 });
+    while node.history.len() > HISTORY_PER_NODE {
+        node.history.pop_front();
+    }
+}
+
+/// The chained hash of an audit event: SHA-256 over the previous hash and every field.
+pub fn audit_hash(ev: &AuditEvent) -> String {
+    let mut h = sha2::Sha256::new();
+    for part in [
+        ev.prev_hash.as_str(),
+        &ev.seq.to_string(),
+        &ev.at_ms.to_string(),
+        &ev.actor,
+        &ev.action,
+        &ev.target,
+        &ev.result,
+        &ev.request_id,
+        &ev.log_index.to_string(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    modelforge_proto::hex(&h.finalize())
+}
+
+/// Check the audit chain; returns the first broken sequence number.
+pub fn verify_audit_chain(events: &[AuditEvent]) -> Result<(), u64> {
+    let mut prev = "0".repeat(64);
+    for (i, ev) in events.iter().enumerate() {
+        if ev.seq != i as u64 + 1 || ev.prev_hash != prev || audit_hash(ev) != ev.hash {
+            return Err(ev.seq);
+        }
+        prev = ev.hash.clone();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+use super::*;
+
+fn env(id: &str, now: i64, command: Command) -> Envelope {
+    Envelope { request_id: id.to_string(), now_ms: now, actor: "test".into(), command }
+}
+
+fn create(s: &mut State, token: &str, now: i64) {
+    let r = s.apply(1, &env(&format!("create-{token}"), now, Command::CreateToken {
+        token_id: token.into(),
+        hash: "h".into(),
+        ttl_ms: 60_000,
+        note: None,
+    }));
+    assert!(r.is_ok(), "{r:?}");
+}
+
+fn enroll(s: &mut State, req: &str, now: i64, token: &str, key: &str, node: &str, cred: &str) -> ApplyResult {
+    s.apply(2, &env(req, now, Command::Enroll {
+        token_id: token.into(),
+        public_key: key.into(),
+        hostname: "gpu-1".into(),
+        inventory: Inventory::default(),
+        new_node_id: node.into(),
+        credential_id: cred.into(),
+        credential_hash: "ch".into(),
+    }))
+}
+
+fn touch(s: &mut State, cred: &str, now: i64) {
+    s.apply(3, &env(&format!("touch-{cred}-{now}"), now, Command::TouchCredentials { uses: vec![(cred.into(), now)] }))
+        .unwrap();
+}
+
+#[test]
+fn one_token_mints_one_identity() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    let a = enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "cA").unwrap();
+    assert_eq!(a, Outcome::Enrolled { node_id: "nA".into(), credential_id: "cA".into(), reenrolled: false });
+    let b = enroll(&mut s, "r2", 1002, "t1", "keyB", "nB", "cB").unwrap_err();
+    assert_eq!(b.status, 401);
+    assert_eq!(s.nodes.len(), 1);
+    assert_eq!(s.identities.len(), 1);
+}
+
+#[test]
+fn claim_retry_by_same_identity_returns_same_node_until_used() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    // The leader died before replying: the agent retries with the same identity.
+    let r = enroll(&mut s, "r2", 1002, "t1", "keyA", "nX", "c2").unwrap();
+    assert_eq!(r, Outcome::Enrolled { node_id: "nA".into(), credential_id: "c2".into(), reenrolled: true });
+    assert!(s.credentials["c1"].revoked_at_ms.is_some(), "the undelivered credential is revoked");
+    assert_eq!(s.active_credentials("nA").len(), 1);
+    // Once the credential was used, the token is spent for everyone.
+    touch(&mut s, "c2", 1003);
+    assert_eq!(enroll(&mut s, "r3", 1004, "t1", "keyA", "nA", "c3").unwrap_err().code, "token_already_claimed");
+}
+
+#[test]
+fn revocation_spends_the_claim_and_is_never_undone() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    let r = s.apply(4, &env("rv", 1002, Command::RevokeCredentials { node_id: "nA".into(), reason: "stolen".into() })).unwrap();
+    assert_eq!(r, Outcome::Revoked { credential_ids: vec!["c1".into()] });
+    assert!(enroll(&mut s, "r2", 1003, "t1", "keyA", "nA", "c2").is_err(), "replaying the old token cannot undo a revocation");
+    // A second revoke is safe and reports nothing more.
+    let r = s.apply(5, &env("rv2", 1004, Command::RevokeCredentials { node_id: "nA".into(), reason: "again".into() })).unwrap();
+    assert_eq!(r, Outcome::Revoked { credential_ids: vec![] });
+    // Re-enrolment with a new token: same node, new credential, the old one stays revoked.
+    create(&mut s, "t2", 1005);
+    let r = enroll(&mut s, "r3", 1006, "t2", "keyA", "nZ", "c3").unwrap();
+    assert_eq!(r, Outcome::Enrolled { node_id: "nA".into(), credential_id: "c3".into(), reenrolled: true });
+    assert!(s.credentials["c1"].revoked_at_ms.is_some());
+    assert_eq!(s.credentials["c1"].revoked_reason.as_deref(), Some("stolen"));
+}
+
+#[test]
+fn reenrolment_revokes_older_credentials_in_the_same_step() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    touch(&mut s, "c1", 1002);
+    create(&mut s, "t2", 1003);
+    enroll(&mut s, "r2", 1004, "t2", "keyA", "nB", "c2").unwrap();
+    assert_eq!(s.active_credentials("nA").iter().map(|c| c.credential_id.as_str()).collect::<Vec<_>>(), vec!["c2"]);
+    assert_eq!(s.nodes["nA"].credential_ids, vec!["c1", "c2"]);
+    assert!(!s.nodes.contains_key("nB"));
+}
+
+#[test]
+fn expiry_uses_the_leader_stamped_time() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000); // expires at 61_000
+    let r = enroll(&mut s, "r1", 61_001, "t1", "keyA", "nA", "c1").unwrap_err();
+    assert_eq!(r.code, "token_expired");
+    // A stale stamp cannot move the clock back.
+    let r = enroll(&mut s, "r2", 5_000, "t1", "keyA", "nA", "c1").unwrap_err();
+    assert_eq!(r.code, "token_expired");
+}
+
+#[test]
+fn cancelled_tokens_are_refused_and_claimed_ones_cannot_be_cancelled() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    s.apply(2, &env("c", 1001, Command::CancelToken { token_id: "t1".into() })).unwrap();
+    assert_eq!(enroll(&mut s, "r1", 1002, "t1", "k", "n", "c").unwrap_err().code, "token_cancelled");
+    create(&mut s, "t2", 1003);
+    enroll(&mut s, "r2", 1004, "t2", "k", "n", "c").unwrap();
+    assert_eq!(s.apply(3, &env("c2", 1005, Command::CancelToken { token_id: "t2".into() })).unwrap_err().status, 409);
+}
+
+#[test]
+fn a_retried_request_id_applies_once() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    let first = enroll(&mut s, "same", 1001, "t1", "keyA", "nA", "c1");
+    let again = enroll(&mut s, "same", 1002, "t1", "keyA", "nA", "c2");
+    assert_eq!(first, again);
+    assert_eq!(s.credentials.len(), 1);
+}
+
+#[test]
+fn audit_chain_detects_tampering() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    enroll(&mut s, "r2", 1002, "t1", "keyB", "nB", "c2").unwrap_err();
+    assert_eq!(s.audit.len(), 3);
+    assert_eq!(s.audit[2].result, "token_already_claimed");
+    assert_eq!(verify_audit_chain(&s.audit), Ok(()));
+    let mut edited = s.audit.clone();
+    edited[1].actor = "someone-else".into();
+    assert_eq!(verify_audit_chain(&edited), Err(2));
+    let mut dropped = s.audit.clone();
+    dropped.remove(1);
+    assert!(verify_audit_chain(&dropped).is_err());
+}
+
+#[test]
+fn history_is_bounded_and_coalesced() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    let node = s.nodes.get_mut("nA").unwrap();
+    for i in 0..1000 {
+        push_history(node, 2000 + i, "refused", "401".into());
+    }
+    assert_eq!(node.history.back().unwrap().count, 1000);
+    for i in 0..1000 {
+        push_history(node, 5000 + i, "x", i.to_string());
+    }
+    assert_eq!(node.history.len(), HISTORY_PER_NODE);
+}
+
+#[test]
+fn accelerators_appearing_and_disappearing_are_recorded() {
+    use modelforge_proto::wire::Accelerator;
+    let gpu = |u: &str| Accelerator {
+        uuid: u.into(),
+        name: "H200".into(),
+        memory_total_mib: Some(1),
+        pci_bus_id: None,
+        index: None,
+        mig_mode: None,
+        power_limit_w: None,
+    };
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    let inv = |g: Vec<Accelerator>| Inventory { accelerators: g, ..Default::default() };
+    let up = |s: &mut State, id: &str, i: Inventory| {
+        s.apply(9, &env(id, 1002, Command::UpdateInventory { node_id: "nA".into(), inventory: i })).unwrap()
+    };
+    assert_eq!(up(&mut s, "i1", inv(vec![gpu("G1"), gpu("G2")])), Outcome::InventoryUpdated { changed: true });
+    assert_eq!(up(&mut s, "i2", inv(vec![gpu("G1"), gpu("G2")])), Outcome::InventoryUpdated { changed: false });
+    up(&mut s, "i3", inv(vec![gpu("G1")]));
+    let h = &s.nodes["nA"].history;
+    assert!(h.iter().any(|e| e.kind == "accelerator_disappeared" && e.detail == "G2"));
+}
+
+#[test]
+fn snapshot_round_trip_preserves_digest() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    let bytes = modelforge_raft::codec::encode(&s).unwrap();
+    let back: State = modelforge_raft::codec::decode(&bytes).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(back.digest(), s.digest());
+}

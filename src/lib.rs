@@ -4,4 +4,10 @@
 //! See ARCHITECTURE.md for the map. Entry points: [`server::serve`] (the `serve` command) and
 //! [`state::State::apply`] (every replicated change).
 
+pub mod app;
+pub mod cli;
+pub mod error;
+pub mod liveness;
+pub mod secrets;
+pub mod server;
 pub mod state;

@@ -1,1 +1,38 @@
-fn main() {}
+//! `modelforge`: parse flags, set up logging, run.
+
+use clap::Parser;
+use modelforge::cli::Cli;
+use modelforge::cli::Cmd;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("MODELFORGE_LOG").unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Serve(args) => match args.into_config() {
+            Ok(cfg) => modelforge::server::serve(cfg, shutdown_signal()).await,
+            Err(e) => Err(e),
+        },
+        Cmd::Argon2Bench(args) => modelforge::cli::argon2_bench(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("modelforge: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::SignalKind;
+    use tokio::signal::unix::signal;
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,92 @@
+//! The replicated application as the consensus layer sees it: decode, apply, encode.
+//!
+//! It also owns the verified-credential cache, because the cache must be cleared in the same
+//! apply that revokes: the cache maps a credential id to the SHA-256 of the secret that last
+//! passed an argon2 check. It never decides on its own: revocation and node binding are always
+//! read from the state, the cache only spares the argon2 verify.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::RwLock;
+use std::sync::RwLockReadGuard;
+
+use modelforge_raft::Application;
+use modelforge_raft::codec;
+
+use crate::state::ApplyResult;
+use crate::state::Command;
+use crate::state::Envelope;
+use crate::state::Refusal;
+use crate::state::State;
+
+#[derive(Default)]
+pub struct Replicated {
+    state: RwLock<State>,
+    verified: Mutex<HashMap<String, [u8; 32]>>,
+}
+
+impl Replicated {
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `digest` is the digest of the secret last verified for `credential_id`.
+    pub fn is_verified(&self, credential_id: &str, digest: &[u8; 32]) -> bool {
+        let cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        cache.get(credential_id).is_some_and(|d| subtle::ConstantTimeEq::ct_eq(&d[..], &digest[..]).into())
+    }
+
+    pub fn remember_verified(&self, credential_id: &str, digest: [u8; 32]) {
+        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        cache.insert(credential_id.to_string(), digest);
+    }
+
+    /// Decode an answer produced by [`Application::apply`].
+    pub fn decode_result(bytes: &[u8]) -> ApplyResult {
+        codec::decode(bytes).unwrap_or_else(|e| Err(Refusal::new(500, "bad_command", format!("undecodable answer: {e}"))))
+    }
+}
+
+impl Application for Replicated {
+    fn apply(&self, log_index: u64, command: &[u8]) -> Vec<u8> {
+        let result = match codec::decode::<Envelope>(command) {
+            Ok(env) => {
+                let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+                let result = state.apply(log_index, &env);
+                // Only these two commands revoke; clear the cache for the node's revoked
+                // credentials in the same step, before any reader can see the new state.
+                let node_id = match &env.command {
+                    Command::RevokeCredentials { node_id, .. } => Some(node_id.clone()),
+                    Command::Enroll { public_key, .. } => state.identities.get(public_key).cloned(),
+                    _ => None,
+                };
+                if let Some(node) = node_id.as_ref().and_then(|n| state.nodes.get(n)) {
+                    let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+                    for c in &node.credential_ids {
+                        if state.credentials.get(c).is_some_and(|c| c.revoked_at_ms.is_some()) {
+                            cache.remove(c);
+                        }
+                    }
+                }
+                result
+            }
+            Err(e) => {
+                let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+                state.last_applied_index = log_index;
+                Err(Refusal::new(400, "bad_command", format!("command does not decode: {e}")))
+            }
+        };
+        codec::encode(&result).unwrap_or_default()
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        codec::encode(&*self.read()).unwrap_or_default()
+    }
+
+    fn restore(&self, data: &[u8]) -> std::io::Result<()> {
+        let state: State = codec::decode(data)?;
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        self.verified.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,130 @@
+//! What the heartbeat-processing member (the leader) knows about nodes without replicating
+//! it: the last heartbeat, the latest telemetry, the last refused request; and the queue of
+//! `last_used_at` updates that are written to the log coalesced, not per heartbeat.
+//!
+//! Status rules (thresholds in config): `decommissioned` if so; `never_seen` if no heartbeat
+//! was ever accepted (here or, per the replicated `last_used_at`, anywhere); `online` if the
+//! last one is younger than `stale_after`, `stale` if younger than `offline_after`, else
+//! `offline`. After this member becomes leader, a node last seen before that is given a grace
+//! window that starts at the leadership change, so a failover alone never marks nodes down.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering;
+
+#[derive(Clone, Debug, Default)]
+pub struct NodeLive {
+    pub last_heartbeat_ms: Option<i64>,
+    pub telemetry: Option<serde_json::Value>,
+    pub last_refusal: Option<(u16, i64)>,
+}
+
+#[derive(Default)]
+pub struct Liveness {
+    nodes: Mutex<HashMap<String, NodeLive>>,
+    /// credential id -> latest use not yet written to the log.
+    pending_uses: Mutex<HashMap<String, i64>>,
+    leader_since_ms: AtomicI64,
+}
+
+/// The thresholds of node status, in milliseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct StatusThresholds {
+    pub stale_after_ms: i64,
+    pub offline_after_ms: i64,
+}
+
+impl Liveness {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeLive>> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn heartbeat(&self, node_id: &str, now_ms: i64, telemetry: serde_json::Value) {
+        let mut m = self.lock();
+        let e = m.entry(node_id.to_string()).or_default();
+        e.last_heartbeat_ms = Some(now_ms);
+        e.telemetry = Some(telemetry);
+    }
+
+    pub fn refused(&self, node_id: &str, status: u16, now_ms: i64) {
+        let mut m = self.lock();
+        // Bounded: unknown ids from strangers must not grow this map without limit.
+        if m.len() > 1_000_000 && !m.contains_key(node_id) {
+            return;
+        }
+        m.entry(node_id.to_string()).or_default().last_refusal = Some((status, now_ms));
+    }
+
+    pub fn get(&self, node_id: &str) -> NodeLive {
+        self.lock().get(node_id).cloned().unwrap_or_default()
+    }
+
+    pub fn set_leader_since(&self, ms: i64) {
+        self.leader_since_ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn leader_since(&self) -> i64 {
+        self.leader_since_ms.load(Ordering::SeqCst)
+    }
+
+    /// Note a use of a credential, to be written coalesced.
+    pub fn note_use(&self, credential_id: &str, at_ms: i64) {
+        let mut p = self.pending_uses.lock().unwrap_or_else(|p| p.into_inner());
+        let e = p.entry(credential_id.to_string()).or_insert(at_ms);
+        *e = (*e).max(at_ms);
+    }
+
+    /// Take the pending uses (the caller writes those that moved enough).
+    pub fn take_uses(&self) -> Vec<(String, i64)> {
+        let mut p = self.pending_uses.lock().unwrap_or_else(|p| p.into_inner());
+        p.drain().collect()
+    }
+}
+
+/// The status of one node at `now_ms`.
+pub fn node_status(
+    decommissioned: bool,
+    last_seen_ms: Option<i64>,
+    leader_since_ms: i64,
+    now_ms: i64,
+    t: StatusThresholds,
+) -> &'static str {
+    if decommissioned {
+        return "decommissioned";
+    }
+    let Some(last) = last_seen_ms else { return "never_seen" };
+    // Grace after a leadership change: silence is counted from the change at the latest.
+    let silent_since = if leader_since_ms > last { leader_since_ms } else { last };
+    let age = now_ms - silent_since;
+    if age <= t.stale_after_ms {
+        "online"
+    } else if age <= t.offline_after_ms {
+        "stale"
+    } else {
+        "offline"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: StatusThresholds = StatusThresholds { stale_after_ms: 30_000, offline_after_ms: 90_000 };
+
+    #[test]
+    fn statuses() {
+        assert_eq!(node_status(true, Some(0), 0, 0, T), "decommissioned");
+        assert_eq!(node_status(false, None, 0, 100, T), "never_seen");
+        assert_eq!(node_status(false, Some(100_000), 0, 120_000, T), "online");
+        assert_eq!(node_status(false, Some(100_000), 0, 150_000, T), "stale");
+        assert_eq!(node_status(false, Some(100_000), 0, 200_000, T), "offline");
+    }
+
+    #[test]
+    fn a_leader_change_opens_a_grace_window() {
+        // Last seen long ago by the old leader; this member leads since 190_000.
+        assert_eq!(node_status(false, Some(100_000), 190_000, 200_000, T), "online");
+        assert_eq!(node_status(false, Some(100_000), 190_000, 250_000, T), "stale");
+    }
+}

@@ -1,0 +1,291 @@
+//! The admin API: enrolment tokens, nodes, credentials, audit. Every handler first checks the
+//! admin token, then linearises (reads) or proposes (writes) on the leader.
+
+use axum::extract::Path;
+use axum::extract::Query;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use modelforge_proto::now_ms;
+use modelforge_proto::rfc3339_ms;
+use modelforge_proto::secret::Secret;
+use modelforge_proto::secret::SecretKind;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::Shared;
+use super::extract::JsonBody;
+use super::extract::check_id;
+use super::extract::request_id;
+use super::extract::require_admin;
+use crate::error::ApiError;
+use crate::liveness::node_status;
+use crate::state::Command;
+use crate::state::Node;
+use crate::state::Outcome;
+use crate::state::State as Replicated;
+
+const MAX_NOTE_LEN: usize = 1024;
+
+fn ts(ms: Option<i64>) -> Value {
+    ms.map(|m| Value::String(rfc3339_ms(m))).unwrap_or(Value::Null)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnrollment {
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// `POST /api/v1/admin/node-enrollments`: the token is shown once; only its hash is kept.
+pub async fn create_enrollment(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<CreateEnrollment>,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    let ttl = req.ttl_seconds.unwrap_or(ctx.cfg.default_token_ttl_s);
+    if ttl == 0 || ttl > ctx.cfg.max_token_ttl_s {
+        return Err(ApiError::bad_request("invalid_ttl", format!("ttl_seconds must be between 1 and {}", ctx.cfg.max_token_ttl_s)));
+    }
+    if req.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_LEN || n.chars().any(|c| c.is_control())) {
+        return Err(ApiError::bad_request("invalid_note", "note must be at most 1024 bytes of printable text"));
+    }
+    let rid = request_id(&headers, "admin")?;
+    let token = Secret::generate(SecretKind::EnrollmentToken);
+    let hash = ctx.hasher.hash(token.expose().to_string()).await?;
+    let cmd = Command::CreateToken { token_id: token.id().to_string(), hash, ttl_ms: (ttl as i64) * 1000, note: req.note };
+    match ctx.propose("admin", rid, cmd).await? {
+        Outcome::TokenCreated { token_id, expires_at_ms, .. } if token_id == token.id() => {
+            tracing::info!(enrollment_id = token_id, "enrolment token created");
+            let body = json!({"enrollment_id": token_id, "token": token.expose(), "expires_at": rfc3339_ms(expires_at_ms)});
+            Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+        }
+        // A retry with the same Idempotency-Key: the token was created by the first attempt and
+        // its plaintext was shown only then.
+        Outcome::TokenCreated { token_id, expires_at_ms, .. } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_created",
+            format!("this Idempotency-Key already created enrolment {token_id} (expires {}); its token is shown only once", rfc3339_ms(expires_at_ms)),
+        )),
+        other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
+    }
+}
+
+/// `GET /api/v1/admin/node-enrollments`: never the token or its hash.
+pub async fn list_enrollments(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    ctx.linearize().await?;
+    let now = now_ms();
+    let s = ctx.app.read();
+    let rows: Vec<Value> = s
+        .tokens
+        .values()
+        .map(|t| {
+            json!({
+                "enrollment_id": t.token_id,
+                "created_at": rfc3339_ms(t.created_at_ms),
+                "expires_at": rfc3339_ms(t.expires_at_ms),
+                "state": t.state_at(now),
+                "claimed_node_id": t.claim.as_ref().map(|c| c.node_id.clone()),
+                "claimed_at": ts(t.claim.as_ref().map(|c| c.claimed_at_ms)),
+                "cancelled_at": ts(t.cancelled_at_ms),
+                "note": t.note,
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({"enrollments": rows})).into_response())
+}
+
+/// `DELETE /api/v1/admin/node-enrollments/{enrollment_id}`: cancel an unclaimed token.
+pub async fn cancel_enrollment(State(ctx): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("enrollment_id", &id)?;
+    let rid = request_id(&headers, "admin")?;
+    match ctx.propose("admin", rid, Command::CancelToken { token_id: id }).await? {
+        Outcome::TokenCancelled { token_id } => Ok(axum::Json(json!({"enrollment_id": token_id, "state": "cancelled"})).into_response()),
+        other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
+    }
+}
+
+/// The last time a node was seen: a heartbeat here, or a replicated credential use.
+fn last_seen(ctx: &Shared, s: &Replicated, node: &Node) -> Option<i64> {
+    let live = ctx.live.get(&node.node_id).last_heartbeat_ms;
+    let used = node.credential_ids.iter().filter_map(|c| s.credentials.get(c)).filter_map(|c| c.last_used_at_ms).max();
+    live.max(used)
+}
+
+fn node_summary(ctx: &Shared, s: &Replicated, node: &Node, now: i64) -> Value {
+    let seen = last_seen(ctx, s, node);
+    let status = node_status(node.decommissioned_at_ms.is_some(), seen, ctx.live.leader_since(), now, ctx.cfg.thresholds);
+    let conflicts: Vec<&str> = s
+        .nodes
+        .values()
+        .filter(|o| o.node_id != node.node_id && o.enabled && o.hostname == node.hostname)
+        .map(|o| o.node_id.as_str())
+        .collect();
+    json!({
+        "node_id": node.node_id,
+        "hostname": node.hostname,
+        "enabled": node.enabled,
+        "status": status,
+        "last_heartbeat_at": ts(seen),
+        "accelerators": node.inventory.accelerators,
+        "storage_roots": node.inventory.storage_roots,
+        "driver_version": node.inventory.driver_version,
+        "cuda_version": node.inventory.cuda_version,
+        "nvml": node.inventory.nvml,
+        "created_at": rfc3339_ms(node.created_at_ms),
+        "enrolled_at": rfc3339_ms(node.enrolled_at_ms),
+        "decommissioned_at": ts(node.decommissioned_at_ms),
+        "active_credentials": s.active_credentials(&node.node_id).len(),
+        "hostname_conflicts": conflicts,
+    })
+}
+
+/// `GET /api/v1/admin/hardware/nodes`.
+pub async fn list_nodes(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    ctx.linearize().await?;
+    let now = now_ms();
+    let s = ctx.app.read();
+    let nodes: Vec<Value> = s.nodes.values().map(|n| node_summary(&ctx, &s, n, now)).collect();
+    Ok(axum::Json(json!({"nodes": nodes})).into_response())
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{node_id}`: the summary plus history, telemetry and the
+/// last refused agent request.
+pub async fn show_node(State(ctx): State<Shared>, headers: HeaderMap, Path(node_id): Path<String>) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    ctx.linearize().await?;
+    let now = now_ms();
+    let s = ctx.app.read();
+    let node = s.nodes.get(&node_id).ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
+    let mut v = node_summary(&ctx, &s, node, now);
+    let live = ctx.live.get(&node_id);
+    let history: Vec<Value> = node
+        .history
+        .iter()
+        .map(|e| json!({"at": rfc3339_ms(e.at_ms), "kind": e.kind, "detail": e.detail, "count": e.count}))
+        .collect();
+    v["history"] = Value::Array(history);
+    v["telemetry"] = live.telemetry.unwrap_or(Value::Null);
+    v["last_refusal"] = live.last_refusal.map(|(status, at)| json!({"status": status, "at": rfc3339_ms(at)})).unwrap_or(Value::Null);
+    Ok(axum::Json(v).into_response())
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.
+pub async fn list_credentials(State(ctx): State<Shared>, headers: HeaderMap, Path(node_id): Path<String>) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    ctx.linearize().await?;
+    let s = ctx.app.read();
+    let node = s.nodes.get(&node_id).ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
+    let creds: Vec<Value> = node
+        .credential_ids
+        .iter()
+        .filter_map(|c| s.credentials.get(c))
+        .map(|c| {
+            json!({
+                "credential_id": c.credential_id,
+                "created_at": rfc3339_ms(c.created_at_ms),
+                "last_used_at": ts(c.last_used_at_ms),
+                "revoked_at": ts(c.revoked_at_ms),
+                "revoked_reason": c.revoked_reason,
+                "enrollment_id": c.token_id,
+            })
+        })
+        .collect();
+    let active = creds.iter().filter(|c| c["revoked_at"].is_null()).count();
+    Ok(axum::Json(json!({"node_id": node_id, "active": active, "revoked": creds.len() - active, "credentials": creds})).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// `DELETE /api/v1/admin/hardware/nodes/{node_id}/credential`: when this returns 200, no member
+/// accepts the revoked credentials (heartbeats are served only by a leader holding its lease,
+/// after applying everything committed).
+pub async fn revoke_credential(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(node_id): Path<String>,
+    JsonBody(body): JsonBody<RevokeBody>,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    let reason = body.reason.unwrap_or_else(|| "revoked by admin".to_string());
+    if reason.len() > MAX_NOTE_LEN || reason.chars().any(|c| c.is_control()) {
+        return Err(ApiError::bad_request("invalid_reason", "reason must be at most 1024 bytes of printable text"));
+    }
+    let rid = request_id(&headers, "admin")?;
+    match ctx.propose("admin", rid, Command::RevokeCredentials { node_id: node_id.clone(), reason }).await? {
+        Outcome::Revoked { credential_ids } => {
+            tracing::info!(node_id, revoked = ?credential_ids, "credentials revoked");
+            Ok(axum::Json(json!({"node_id": node_id, "revoked": credential_ids})).into_response())
+        }
+        other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct AuditQuery {
+    #[serde(default)]
+    node_id: Option<String>,
+    #[serde(default)]
+    since: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/admin/audit?node_id=&since=&limit=`.
+pub async fn audit(State(ctx): State<Shared>, headers: HeaderMap, Query(q): Query<AuditQuery>) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    let since_ms = match &q.since {
+        None => None,
+        Some(s) => Some(
+            humantime::parse_rfc3339_weak(s)
+                .map_err(|_| ApiError::bad_request("invalid_since", "since must be an RFC 3339 time"))?
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0),
+        ),
+    };
+    ctx.linearize().await?;
+    let s = ctx.app.read();
+    let limit = q.limit.unwrap_or(usize::MAX);
+    let events: Vec<Value> = s
+        .audit
+        .iter()
+        .filter(|e| q.node_id.as_ref().is_none_or(|n| &e.target == n))
+        .filter(|e| since_ms.is_none_or(|t| e.at_ms >= t))
+        .take(limit)
+        .map(|e| {
+            json!({
+                "seq": e.seq, "at": rfc3339_ms(e.at_ms), "actor": e.actor, "action": e.action, "target": e.target,
+                "result": e.result, "request_id": e.request_id, "log_index": e.log_index,
+                "prev_hash": e.prev_hash, "hash": e.hash,
+            })
+        })
+        .collect();
+    let chain_ok = crate::state::verify_audit_chain(&s.audit).is_ok();
+    Ok(axum::Json(json!({"events": events, "chain_verified": chain_ok})).into_response())
+}
+
+/// `GET /api/v1/admin/state-digest`: a digest of the applied state, to compare members.
+pub async fn state_digest(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    let s = ctx.app.read();
+    Ok(axum::Json(json!({"digest": s.digest(), "applied_index": s.last_applied_index})).into_response())
+}

@@ -1,0 +1,373 @@
+//! The HTTP face of one member: the contract's API, the peer endpoints, forwarding to the
+//! leader, and the background loops (bootstrap, leadership watch, coalesced writes).
+//!
+//! Request routing: every `/api/v1/...` request except `/api/v1/cluster` is served by the
+//! leader. A member that is not the leader forwards the request as it came (method, path,
+//! body, the caller's own authorization) to the leader and relays the answer, so clients never
+//! need to know who leads. On the leader, reads are linearised by leader lease and writes go
+//! through [`Ctx::propose`].
+
+mod admin;
+mod agent;
+mod extract;
+mod forward;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::get;
+use axum::routing::post;
+use modelforge_proto::now_ms;
+use modelforge_raft::Consensus;
+use modelforge_raft::PeerNetwork;
+use modelforge_raft::RaftTuning;
+use modelforge_raft::WriteError;
+use modelforge_raft::codec;
+use modelforge_raft::network::PEER_HEADER;
+use serde_json::json;
+
+use crate::app::Replicated;
+use crate::error::ApiError;
+use crate::liveness::Liveness;
+use crate::liveness::StatusThresholds;
+use crate::secrets;
+use crate::secrets::HashParams;
+use crate::secrets::Hasher;
+use crate::state::Command;
+use crate::state::Envelope;
+use crate::state::Outcome;
+
+/// Everything `serve` needs, validated once by the CLI.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub node_id: u64,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub data_dir: PathBuf,
+    /// The full initial membership, this member included: id -> URL.
+    pub peers: BTreeMap<u64, String>,
+    pub admin_token: String,
+    pub cluster_secret: String,
+    pub hash_params: HashParams,
+    pub hash_workers: usize,
+    pub tuning: RaftTuning,
+    pub thresholds: StatusThresholds,
+    pub max_body_bytes: usize,
+    pub default_token_ttl_s: u64,
+    pub max_token_ttl_s: u64,
+    /// How often coalesced `last_used_at` updates are written.
+    pub touch_interval: Duration,
+}
+
+/// Shared by every handler of one member.
+pub struct Ctx {
+    pub cfg: ServeConfig,
+    pub consensus: Consensus<Replicated>,
+    pub app: Arc<Replicated>,
+    pub hasher: Hasher,
+    pub live: Liveness,
+    pub http: reqwest::Client,
+    pub peer_token: String,
+}
+
+pub type Shared = Arc<Ctx>;
+
+/// How long a write may take before its outcome is reported unknown.
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+/// Writes smaller than this many credential uses are batched per coalesced write.
+const TOUCH_BATCH: usize = 2000;
+/// A use is written when it is this much newer than the replicated `last_used_at`.
+const TOUCH_MIN_ADVANCE_MS: i64 = 30_000;
+
+/// Run one member until `shutdown` resolves.
+pub async fn serve(cfg: ServeConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let app = Arc::new(Replicated::default());
+    let peer_token = secrets::peer_token(&cfg.cluster_secret);
+    let consensus = Consensus::start(
+        cfg.node_id,
+        &cfg.data_dir.join("raft"),
+        app.clone(),
+        PeerNetwork::new(peer_token.clone()),
+        &cfg.tuning,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let hasher = Hasher::new(&cfg.hash_params, cfg.hash_workers, 4096)?;
+    tracing::info!(
+        node_id = cfg.node_id,
+        listen = %cfg.listen,
+        advertise = %cfg.advertise,
+        argon2_hash_ms = hasher.time_one_hash().as_secs_f64() * 1000.0,
+        "member started"
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .build()?;
+    let ctx = Arc::new(Ctx { cfg, consensus: consensus.clone(), app, hasher, live: Liveness::default(), http, peer_token });
+    tokio::spawn(bootstrap(ctx.clone()));
+    tokio::spawn(watch_leadership(ctx.clone()));
+    tokio::spawn(write_coalesced_uses(ctx.clone()));
+    axum::serve(listener, router(ctx.clone()).into_make_service()).with_graceful_shutdown(shutdown).await?;
+    tracing::info!("stopping");
+    consensus.shutdown().await;
+    Ok(())
+}
+
+/// The whole route table of a member.
+pub fn router(ctx: Shared) -> Router {
+    let leader_routes = Router::new()
+        .route("/api/v1/agent/enroll", post(agent::enroll))
+        .route("/api/v1/agent/nodes/{node_id}/heartbeat", post(agent::heartbeat))
+        .route("/api/v1/agent/nodes/{node_id}/inventory", axum::routing::put(agent::inventory))
+        .route("/api/v1/admin/node-enrollments", post(admin::create_enrollment).get(admin::list_enrollments))
+        .route("/api/v1/admin/node-enrollments/{enrollment_id}", axum::routing::delete(admin::cancel_enrollment))
+        .route("/api/v1/admin/hardware/nodes", get(admin::list_nodes))
+        .route("/api/v1/admin/hardware/nodes/{node_id}", get(admin::show_node))
+        .route("/api/v1/admin/hardware/nodes/{node_id}/credentials", get(admin::list_credentials))
+        .route("/api/v1/admin/hardware/nodes/{node_id}/credential", axum::routing::delete(admin::revoke_credential))
+        .route("/api/v1/admin/audit", get(admin::audit))
+        .layer(axum::middleware::from_fn_with_state(ctx.clone(), forward::leader_gate))
+        .layer(DefaultBodyLimit::max(ctx.cfg.max_body_bytes));
+    let peer_routes = Router::new()
+        .route("/internal/v1/raft/{kind}", post(peer_rpc))
+        .route("/internal/v1/propose", post(peer_propose))
+        .route("/internal/v1/status", get(peer_status))
+        .layer(DefaultBodyLimit::max(1 << 30));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/cluster", get(cluster))
+        .route("/api/v1/cluster/state-digest", get(admin::state_digest))
+        .merge(leader_routes)
+        .merge(peer_routes)
+        .fallback(|| async { ApiError::not_found("not_found", "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not take that method")
+        })
+        .with_state(ctx)
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(ctx): State<Shared>) -> Response {
+    let s = ctx.consensus.status();
+    let ready = s.leader_id.is_some() && s.applied_index >= s.commit_index;
+    let body = json!({"ready": ready, "leader_id": s.leader_id, "commit_index": s.commit_index, "applied_index": s.applied_index});
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn cluster(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    extract::require_admin(&ctx, &headers)?;
+    let s = ctx.consensus.status();
+    Ok(axum::Json(json!({
+        "id": s.id,
+        "leader_id": s.leader_id,
+        "leader_url": s.leader_url,
+        "term": s.term,
+        "state": s.state,
+        "commit_index": s.commit_index,
+        "applied_index": s.applied_index,
+        "last_log_index": s.last_log_index,
+        "snapshot_index": s.snapshot_index,
+        "members": s.members,
+    }))
+    .into_response())
+}
+
+fn require_peer(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
+    let given = headers.get(PEER_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if given.is_empty() || !secrets::same_secret(given, &ctx.peer_token) {
+        return Err(ApiError::unauthorized("peer_unauthenticated", "peer endpoints need the cluster secret"));
+    }
+    Ok(())
+}
+
+async fn peer_rpc(
+    State(ctx): State<Shared>,
+    Path(kind): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    match ctx.consensus.handle_peer_rpc(&kind, &body).await {
+        Ok(bytes) => Ok(([("content-type", "application/octet-stream")], bytes).into_response()),
+        Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => Err(ApiError::not_found("not_found", "no such peer rpc")),
+        Err(modelforge_raft::network::PeerRpcError::BadBody(e)) => Err(ApiError::bad_request("bad_peer_body", e.to_string())),
+        Err(e) => Err(ApiError::unavailable("raft_unavailable", e.to_string())),
+    }
+}
+
+async fn peer_status(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    let initialized = ctx.consensus.is_initialized().await;
+    Ok(axum::Json(json!({"initialized": initialized, "id": ctx.cfg.node_id})).into_response())
+}
+
+/// A member whose write found another leader hands the encoded envelope over here.
+async fn peer_propose(State(ctx): State<Shared>, headers: HeaderMap, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    let mut env: Envelope = codec::decode(&body).map_err(|e| ApiError::bad_request("bad_peer_body", e.to_string()))?;
+    // Re-stamped by the member that will propose it: expiry is decided by leader time.
+    env.now_ms = env.now_ms.max(now_ms());
+    let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;
+    match ctx.consensus.write(bytes).await {
+        Ok(answer) => Ok(([("content-type", "application/octet-stream")], answer).into_response()),
+        Err(WriteError::NotLeader { .. }) => Err(ApiError::unavailable("not_leader", "this member is not the leader")),
+        Err(WriteError::OutcomeUnknown(m)) => Err(ApiError::outcome_unknown(m)),
+        Err(WriteError::Fatal(m)) => Err(ApiError::unavailable("raft_unavailable", m)),
+    }
+}
+
+impl Ctx {
+    /// Replicate `command` and return its answer. Retries the same envelope (same request id,
+    /// so it applies at most once) across leader changes until [`WRITE_DEADLINE`].
+    pub async fn propose(&self, actor: &str, request_id: String, command: Command) -> Result<Outcome, ApiError> {
+        let env = Envelope { request_id, now_ms: now_ms(), actor: actor.to_string(), command };
+        let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;
+        let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
+        let mut last_unknown = String::from("no answer before the deadline");
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(ApiError::outcome_unknown(format!("the write may or may not have applied ({last_unknown}); retry with the same Idempotency-Key")));
+            }
+            let attempt = tokio::time::timeout(deadline - now, self.consensus.write(bytes.clone())).await;
+            let answer = match attempt {
+                Err(_) => continue,
+                Ok(Ok(answer)) => answer,
+                Ok(Err(WriteError::NotLeader { leader: Some((id, url)) })) if id != self.cfg.node_id => {
+                    match self.propose_via(&url, &bytes).await {
+                        Ok(answer) => answer,
+                        Err(e) => {
+                            last_unknown = e;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    }
+                }
+                Ok(Err(WriteError::NotLeader { .. })) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                Ok(Err(WriteError::OutcomeUnknown(m))) => {
+                    last_unknown = m;
+                    continue;
+                }
+                Ok(Err(WriteError::Fatal(m))) => return Err(ApiError::unavailable("raft_unavailable", m)),
+            };
+            return Replicated::decode_result(&answer).map_err(ApiError::from);
+        }
+    }
+
+    async fn propose_via(&self, leader_url: &str, envelope: &[u8]) -> Result<Vec<u8>, String> {
+        let resp = self
+            .http
+            .post(format!("{}/internal/v1/propose", leader_url.trim_end_matches('/')))
+            .header(PEER_HEADER, &self.peer_token)
+            .timeout(WRITE_DEADLINE)
+            .body(envelope.to_vec())
+            .send()
+            .await
+            .map_err(|e| format!("forwarding the write to the leader failed: {e}"))?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("leader answered {status}"));
+        }
+        Ok(body.to_vec())
+    }
+
+    /// Confirm leadership by lease before a read of the local state.
+    pub async fn linearize(&self) -> Result<(), ApiError> {
+        self.consensus.lease_read().await.map_err(|e| ApiError::unavailable("not_leader", format!("this member cannot serve a consistent read now: {e}")))
+    }
+}
+
+/// Form the cluster on first start: unless a peer already belongs to one, initialise with the
+/// full `--peer` list (identical on every member, which openraft allows on several members).
+async fn bootstrap(ctx: Shared) {
+    if ctx.consensus.is_initialized().await {
+        return;
+    }
+    for (id, url) in &ctx.cfg.peers {
+        if *id == ctx.cfg.node_id {
+            continue;
+        }
+        let resp = ctx
+            .http
+            .get(format!("{}/internal/v1/status", url.trim_end_matches('/')))
+            .header(PEER_HEADER, &ctx.peer_token)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await;
+        if let Ok(resp) = resp
+            && let Ok(v) = resp.json::<serde_json::Value>().await
+            && v.get("initialized").and_then(|b| b.as_bool()) == Some(true)
+        {
+            tracing::info!(peer = id, "a peer already belongs to a cluster: waiting to be replicated to");
+            return;
+        }
+    }
+    match ctx.consensus.initialize(&ctx.cfg.peers).await {
+        Ok(()) => tracing::info!(members = ?ctx.cfg.peers.keys().collect::<Vec<_>>(), "cluster initialised"),
+        Err(e) => tracing::warn!(error = %e, "cluster initialisation failed"),
+    }
+}
+
+/// Track when this member became leader (the grace window of node status starts there).
+async fn watch_leadership(ctx: Shared) {
+    let mut was_leader = false;
+    loop {
+        let leader = ctx.consensus.is_leader();
+        if leader && !was_leader {
+            ctx.live.set_leader_since(now_ms());
+            tracing::info!(term = ctx.consensus.status().term, "became leader");
+        }
+        was_leader = leader;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Write `last_used_at` updates coalesced: at most one write per interval, only for
+/// credentials whose replicated value is older than [`TOUCH_MIN_ADVANCE_MS`].
+async fn write_coalesced_uses(ctx: Shared) {
+    loop {
+        tokio::time::sleep(ctx.cfg.touch_interval).await;
+        let uses = ctx.live.take_uses();
+        if uses.is_empty() || !ctx.consensus.is_leader() {
+            continue;
+        }
+        let due: Vec<(String, i64)> = {
+            let s = ctx.app.read();
+            uses.into_iter()
+                .filter(|(id, at)| {
+                    s.credentials.get(id).is_some_and(|c| c.revoked_at_ms.is_none() && c.last_used_at_ms.is_none_or(|old| at - old >= TOUCH_MIN_ADVANCE_MS))
+                })
+                .collect()
+        };
+        for chunk in due.chunks(TOUCH_BATCH) {
+            let cmd = Command::TouchCredentials { uses: chunk.to_vec() };
+            if let Err(e) = ctx.propose("system", modelforge_proto::new_uuid(), cmd).await {
+                tracing::warn!(code = e.code, "coalesced last_used_at write failed");
+            }
+        }
+    }
+}

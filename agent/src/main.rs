@@ -1,1 +1,267 @@
-fn main() {}
+//! `modelforge-agent`: enrols this node with the control plane, then heartbeats with telemetry
+//! and reports inventory changes. Exit status: 0 on SIGTERM; non-zero with a one-line reason
+//! when it cannot enrol or its credential is refused and it has no token to re-enrol.
+
+mod gpu;
+mod state_dir;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use clap::Parser;
+use modelforge_proto::wire::EnrollRequest;
+use modelforge_proto::wire::EnrollResponse;
+use modelforge_proto::wire::ErrorBody;
+use modelforge_proto::wire::Inventory;
+use tracing_subscriber::EnvFilter;
+
+use crate::gpu::GpuSource;
+use crate::state_dir::StateDir;
+
+#[derive(Parser, Debug)]
+#[command(name = "modelforge-agent", version, about = "ModelForge node agent")]
+struct Args {
+    /// Control-plane member URLs, comma-separated; the agent fails over between them.
+    #[arg(long, env = "MODELFORGE_CONTROL_PLANE", value_delimiter = ',', required = true)]
+    control_plane: Vec<String>,
+    /// Holds identity.json and credential.
+    #[arg(long, env = "MODELFORGE_STATE_DIR", default_value = "./modelforge-agent")]
+    state_dir: PathBuf,
+    /// Used only when the agent has no working credential.
+    #[arg(long, env = "MODELFORGE_ENROLLMENT_TOKEN", hide_env_values = true)]
+    enrollment_token: Option<String>,
+    /// nvml | simulated:<count> | file:<path>
+    #[arg(long, env = "MODELFORGE_GPU_SOURCE", default_value = "nvml")]
+    gpu_source: String,
+    /// The name this node enrols under (default: the machine's hostname).
+    #[arg(long, env = "MODELFORGE_HOSTNAME")]
+    hostname: Option<String>,
+    #[arg(long, env = "MODELFORGE_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// Storage roots to report, repeatable (default: the state dir).
+    #[arg(long = "storage-root")]
+    storage_roots: Vec<PathBuf>,
+    /// How long to keep retrying an enrolment the control plane cannot answer.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    enroll_timeout: Duration,
+}
+
+/// One answer from the control plane, or none.
+enum Reply {
+    Ok(serde_json::Value),
+    Refused(u16, String, String),
+    Unreachable(String),
+}
+
+/// An HTTP client that fails over between the control-plane URLs.
+struct ControlPlane {
+    urls: Vec<String>,
+    current: usize,
+    http: reqwest::Client,
+}
+
+impl ControlPlane {
+    fn new(urls: Vec<String>) -> anyhow::Result<Self> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.trim().trim_end_matches('/').to_string()).filter(|u| !u.is_empty()).collect();
+        if urls.is_empty() {
+            anyhow::bail!("--control-plane needs at least one URL");
+        }
+        let http = reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(20)).build()?;
+        Ok(Self { urls, current: 0, http })
+    }
+
+    /// Send to the current member; on no answer or 5xx, try the others once each.
+    async fn call(&mut self, method: reqwest::Method, path: &str, bearer: Option<&str>, body: &impl serde::Serialize) -> Reply {
+        let mut last = Reply::Unreachable("no control-plane URL".into());
+        for _ in 0..self.urls.len() {
+            let url = format!("{}{path}", self.urls[self.current]);
+            let mut req = self.http.request(method.clone(), &url).json(body);
+            if let Some(b) = bearer {
+                req = req.bearer_auth(b);
+            }
+            last = match req.send().await {
+                Err(e) => Reply::Unreachable(format!("{url}: {}", e.without_url())),
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let v: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
+                    if (200..300).contains(&status) {
+                        return Reply::Ok(v);
+                    }
+                    let (code, message) = match serde_json::from_value::<ErrorBody>(v) {
+                        Ok(e) => (e.error.code, e.error.message),
+                        Err(_) => ("unknown".into(), format!("HTTP {status}")),
+                    };
+                    if status < 500 && status != 429 {
+                        return Reply::Refused(status, code, message);
+                    }
+                    Reply::Unreachable(format!("{url}: {status} {code}: {message}"))
+                }
+            };
+            self.current = (self.current + 1) % self.urls.len();
+        }
+        last
+    }
+}
+
+struct Agent {
+    args: Args,
+    hostname: String,
+    state: StateDir,
+    gpus: GpuSource,
+    cp: ControlPlane,
+    token_spent: bool,
+}
+
+impl Agent {
+    fn inventory(&self) -> Inventory {
+        let mut inv = self.gpus.inventory();
+        let roots = if self.args.storage_roots.is_empty() { vec![self.args.state_dir.clone()] } else { self.args.storage_roots.clone() };
+        if inv.storage_roots.is_empty() {
+            inv.storage_roots = gpu::storage_roots(&roots);
+        }
+        inv
+    }
+
+    /// Enrol with the token; retry what the control plane could not answer (the same claim by
+    /// the same identity lands on the same node id), stop on a refusal.
+    async fn enroll(&mut self, token: &str) -> anyhow::Result<String> {
+        let token_id = token.get(5..37).unwrap_or("").to_string();
+        let deadline = tokio::time::Instant::now() + self.args.enroll_timeout;
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let proof = self.state.key.prove(&token_id, &self.hostname, modelforge_proto::now_ms(), self.state.node_id.clone());
+            let req = EnrollRequest { token: token.to_string(), hostname: self.hostname.clone(), identity: proof, inventory: self.inventory() };
+            match self.cp.call(reqwest::Method::POST, "/api/v1/agent/enroll", None, &req).await {
+                Reply::Ok(v) => {
+                    let resp: EnrollResponse = serde_json::from_value(v).map_err(|e| anyhow!("enrolment answer unreadable: {e}"))?;
+                    self.state.save_credential(&resp.credential)?;
+                    self.state.node_id = Some(resp.node_id.clone());
+                    self.state.save_identity()?;
+                    self.token_spent = true;
+                    tracing::info!(node_id = %resp.node_id, reenrolled = resp.reenrolled, "enrolled");
+                    return Ok(resp.credential);
+                }
+                Reply::Refused(status, code, message) => {
+                    return Err(anyhow!("enrolment refused ({status} {code}): {message}"));
+                }
+                Reply::Unreachable(why) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(anyhow!("could not enrol: control plane unavailable: {why}"));
+                    }
+                    tracing::warn!(reason = %why, "enrolment not answered; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(3));
+                }
+            }
+        }
+    }
+
+    async fn run(&mut self) -> anyhow::Result<()> {
+        let mut credential = self.state.credential();
+        let mut sent_inventory: Option<Inventory> = None;
+        loop {
+            let cred = match credential.take() {
+                Some(c) if self.state.node_id.is_some() => c,
+                _ => {
+                    let token = match (&self.args.enrollment_token, self.token_spent) {
+                        (Some(t), false) => t.clone(),
+                        _ => return Err(anyhow!("no working credential and no enrolment token to enrol with")),
+                    };
+                    let c = self.enroll(&token).await?;
+                    sent_inventory = Some(self.inventory());
+                    c
+                }
+            };
+            let node_id = self.state.node_id.clone().expect("enrolled");
+            match self.heartbeat_loop(&node_id, &cred, &mut sent_inventory).await {
+                Refusal::Unauthorized(why) => {
+                    self.state.forget_credential();
+                    if self.args.enrollment_token.is_none() || self.token_spent {
+                        return Err(anyhow!("credential refused (401 {why}) and no enrolment token to re-enrol with"));
+                    }
+                    tracing::warn!(reason = %why, "credential refused: re-enrolling with the token");
+                }
+                Refusal::Forbidden(why) => return Err(anyhow!("credential refused (403 {why}): it is not authorised for node {node_id}")),
+            }
+        }
+    }
+
+    async fn heartbeat_loop(&mut self, node_id: &str, cred: &str, sent: &mut Option<Inventory>) -> Refusal {
+        let path = format!("/api/v1/agent/nodes/{node_id}/heartbeat");
+        let mut tick = tokio::time::interval(self.args.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let inv = self.inventory();
+            if sent.as_ref() != Some(&inv) {
+                let ipath = format!("/api/v1/agent/nodes/{node_id}/inventory");
+                match self.cp.call(reqwest::Method::PUT, &ipath, Some(cred), &inv).await {
+                    Reply::Ok(..) => *sent = Some(inv),
+                    Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),
+                    Reply::Refused(403, code, _) => return Refusal::Forbidden(code),
+                    Reply::Refused(s, code, m) => tracing::warn!(status = s, code, message = m, "inventory refused"),
+                    Reply::Unreachable(why) => tracing::warn!(reason = %why, "inventory not delivered"),
+                }
+            }
+            let telemetry = self.gpus.telemetry();
+            match self.cp.call(reqwest::Method::POST, &path, Some(cred), &telemetry).await {
+                Reply::Ok(..) => tracing::debug!("heartbeat ok"),
+                Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),
+                Reply::Refused(403, code, _) => return Refusal::Forbidden(code),
+                Reply::Refused(s, code, m) => tracing::warn!(status = s, code, message = m, "heartbeat refused"),
+                Reply::Unreachable(why) => tracing::warn!(reason = %why, "heartbeat not delivered"),
+            }
+        }
+    }
+}
+
+enum Refusal {
+    Unauthorized(String),
+    Forbidden(String),
+}
+
+fn machine_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+async fn start(args: Args) -> anyhow::Result<()> {
+    let hostname = args.hostname.clone().unwrap_or_else(machine_hostname);
+    if !modelforge_proto::valid_hostname(&hostname) {
+        anyhow::bail!("hostname {hostname:?} is not a valid hostname");
+    }
+    let state = StateDir::open(&args.state_dir)?;
+    let gpus = GpuSource::open(&args.gpu_source, &hostname)?;
+    let cp = ControlPlane::new(args.control_plane.clone())?;
+    let mut agent = Agent { args, hostname, state, gpus, cp, token_spent: false };
+    agent.run().await
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("MODELFORGE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let args = Args::parse();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).expect("install SIGINT handler");
+    let code = tokio::select! {
+        r = start(args) => match r {
+            Ok(()) => 0,
+            Err(e) => {
+                let line = format!("{e:#}").replace('\n', " ");
+                eprintln!("modelforge-agent: {line}");
+                1
+            }
+        },
+        _ = term.recv() => 0,
+        _ = int.recv() => 0,
+    };
+    std::process::exit(code);
+}

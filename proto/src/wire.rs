@@ -63,6 +63,16 @@ pub struct AcceleratorTelemetry {
     pub power_draw_w: Option<f64>,
     #[serde(default)]
     pub ecc_errors_uncorrected: Option<u64>,
+    #[serde(default)]
+    pub processes: Vec<ProcessTelemetry>,
+}
+
+/// A compute process running on an accelerator.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessTelemetry {
+    pub pid: u32,
+    #[serde(default)]
+    pub used_memory_mib: Option<f64>,
 }
 
 /// The heartbeat body. `{}` is a valid heartbeat.

@@ -1,0 +1,274 @@
+//! Where the agent's inventory and telemetry come from: real NVML, simulated GPUs, or a JSON
+//! fixture. All three produce exactly the same shapes (`Inventory`, `Telemetry`).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use anyhow::bail;
+use modelforge_proto::wire::Accelerator;
+use modelforge_proto::wire::AcceleratorTelemetry;
+use modelforge_proto::wire::Inventory;
+use modelforge_proto::wire::ProcessTelemetry;
+use modelforge_proto::wire::StorageRoot;
+use modelforge_proto::wire::Telemetry;
+use serde::Deserialize;
+
+pub enum GpuSource {
+    Nvml(Option<nvml_wrapper::Nvml>, String),
+    Simulated { count: u32, seed: u64 },
+    File(PathBuf),
+}
+
+impl GpuSource {
+    /// Parse `--gpu-source`; `nvml` falls back to no accelerators (reported as such) when the
+    /// library is absent or fails.
+    pub fn open(spec: &str, hostname: &str) -> anyhow::Result<Self> {
+        if spec == "nvml" {
+            return Ok(match nvml_wrapper::Nvml::init() {
+                Ok(n) => GpuSource::Nvml(Some(n), "ok".into()),
+                Err(nvml_wrapper::error::NvmlError::LibloadingError(e)) => {
+                    tracing::warn!(error = %e, "NVML is absent: reporting no accelerators");
+                    GpuSource::Nvml(None, "absent".into())
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "NVML failed to start: reporting no accelerators");
+                    GpuSource::Nvml(None, format!("error: {e}"))
+                }
+            });
+        }
+        if let Some(n) = spec.strip_prefix("simulated:") {
+            let count: u32 = n.parse().with_context(|| format!("--gpu-source {spec}: count must be a number"))?;
+            if count > 64 {
+                bail!("--gpu-source {spec}: at most 64 simulated GPUs");
+            }
+            return Ok(GpuSource::Simulated { count, seed: fnv(hostname.as_bytes()) });
+        }
+        if let Some(p) = spec.strip_prefix("file:") {
+            let path = PathBuf::from(p);
+            read_fixture(&path)?;
+            return Ok(GpuSource::File(path));
+        }
+        bail!("--gpu-source {spec}: expected nvml, simulated:<count> or file:<path>")
+    }
+
+    /// The current inventory (without storage roots, which the caller adds).
+    pub fn inventory(&self) -> Inventory {
+        match self {
+            GpuSource::Nvml(None, status) => Inventory { nvml: Some(status.clone()), ..Default::default() },
+            GpuSource::Nvml(Some(n), _) => nvml_inventory(n),
+            GpuSource::Simulated { count, seed } => Inventory {
+                accelerators: (0..*count).map(|i| simulated_gpu(*seed, i)).collect(),
+                storage_roots: vec![],
+                driver_version: Some("550.54.15".into()),
+                cuda_version: Some("12.4".into()),
+                nvml: Some("simulated".into()),
+            },
+            GpuSource::File(path) => match read_fixture(path) {
+                Ok(f) => Inventory {
+                    accelerators: f.accelerators.iter().map(|a| a.accelerator.clone()).collect(),
+                    storage_roots: f.storage_roots,
+                    driver_version: f.driver_version,
+                    cuda_version: f.cuda_version,
+                    nvml: Some(f.nvml.unwrap_or_else(|| "fixture".into())),
+                },
+                Err(e) => Inventory { nvml: Some(format!("error: fixture {}: {e}", path.display())), ..Default::default() },
+            },
+        }
+    }
+
+    /// The current telemetry.
+    pub fn telemetry(&self) -> Telemetry {
+        let t = modelforge_proto::now_ms() as f64 / 1000.0;
+        match self {
+            GpuSource::Nvml(None, _) => Telemetry::default(),
+            GpuSource::Nvml(Some(n), _) => nvml_telemetry(n),
+            GpuSource::Simulated { count, seed } => Telemetry {
+                accelerators: (0..*count).map(|i| simulated_telemetry(&simulated_gpu(*seed, i), i, t)).collect(),
+            },
+            GpuSource::File(path) => match read_fixture(path) {
+                Ok(f) => Telemetry {
+                    accelerators: f
+                        .accelerators
+                        .iter()
+                        .enumerate()
+                        .map(|(i, a)| {
+                            let mut sim = simulated_telemetry(&a.accelerator, i as u32, t);
+                            let fx = &a.telemetry;
+                            sim.utilization_pct = fx.utilization_pct.or(sim.utilization_pct);
+                            sim.memory_used_mib = fx.memory_used_mib.or(sim.memory_used_mib);
+                            sim.temperature_c = fx.temperature_c.or(sim.temperature_c);
+                            sim.power_draw_w = fx.power_draw_w.or(sim.power_draw_w);
+                            sim.ecc_errors_uncorrected = fx.ecc_errors_uncorrected.or(sim.ecc_errors_uncorrected);
+                            if !fx.processes.is_empty() {
+                                sim.processes = fx.processes.clone();
+                            }
+                            sim
+                        })
+                        .collect(),
+                },
+                Err(_) => Telemetry::default(),
+            },
+        }
+    }
+}
+
+/// A fixture file: an inventory whose accelerators may carry fixed telemetry values.
+#[derive(Deserialize)]
+struct Fixture {
+    accelerators: Vec<FixtureGpu>,
+    #[serde(default)]
+    storage_roots: Vec<StorageRoot>,
+    #[serde(default)]
+    driver_version: Option<String>,
+    #[serde(default)]
+    cuda_version: Option<String>,
+    #[serde(default)]
+    nvml: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct FixtureGpu {
+    #[serde(flatten)]
+    accelerator: Accelerator,
+    #[serde(flatten)]
+    telemetry: AcceleratorTelemetry,
+}
+
+fn read_fixture(path: &PathBuf) -> anyhow::Result<Fixture> {
+    let bytes = std::fs::read(path).with_context(|| format!("read GPU fixture {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("GPU fixture {} is not a valid inventory", path.display()))
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3))
+}
+
+fn simulated_gpu(seed: u64, i: u32) -> Accelerator {
+    let a = fnv(&[seed.to_le_bytes(), (i as u64).to_le_bytes()].concat());
+    let b = fnv(&a.to_le_bytes());
+    let h = format!("{a:016x}{b:016x}");
+    Accelerator {
+        uuid: format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]),
+        name: "NVIDIA H200 (simulated)".into(),
+        memory_total_mib: Some(143_771),
+        pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
+        index: Some(i),
+        mig_mode: Some("disabled".into()),
+        power_limit_w: Some(700),
+    }
+}
+
+fn simulated_telemetry(gpu: &Accelerator, i: u32, t: f64) -> AcceleratorTelemetry {
+    let phase = t / 30.0 + i as f64;
+    let util = 50.0 + 45.0 * phase.sin();
+    let total = gpu.memory_total_mib.unwrap_or(80_000) as f64;
+    AcceleratorTelemetry {
+        uuid: Some(gpu.uuid.clone()),
+        utilization_pct: Some((util * 10.0).round() / 10.0),
+        memory_used_mib: Some((total * (0.3 + 0.2 * phase.cos())).round()),
+        temperature_c: Some((40.0 + util * 0.35).round()),
+        power_draw_w: Some((90.0 + util * 5.5).round()),
+        ecc_errors_uncorrected: Some(0),
+        processes: vec![],
+    }
+}
+
+fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
+    let mut inv = Inventory {
+        driver_version: n.sys_driver_version().ok(),
+        cuda_version: n.sys_cuda_driver_version().ok().map(|v| {
+            format!("{}.{}", nvml_wrapper::cuda_driver_version_major(v), nvml_wrapper::cuda_driver_version_minor(v))
+        }),
+        nvml: Some("ok".into()),
+        ..Default::default()
+    };
+    let count = match n.device_count() {
+        Ok(c) => c,
+        Err(e) => {
+            inv.nvml = Some(format!("error: device count: {e}"));
+            return inv;
+        }
+    };
+    for i in 0..count {
+        let d = match n.device_by_index(i) {
+            Ok(d) => d,
+            Err(e) => {
+                inv.nvml = Some(format!("error: device {i}: {e}"));
+                continue;
+            }
+        };
+        let Ok(uuid) = d.uuid() else { continue };
+        inv.accelerators.push(Accelerator {
+            uuid,
+            name: d.name().unwrap_or_else(|_| "unknown".into()),
+            memory_total_mib: d.memory_info().ok().map(|m| m.total / (1024 * 1024)),
+            pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
+            index: Some(i),
+            mig_mode: Some(match d.mig_mode() {
+                Ok(m) if m.current == 1 => "enabled".into(),
+                Ok(_) => "disabled".into(),
+                Err(_) => "unsupported".into(),
+            }),
+            power_limit_w: d.enforced_power_limit().ok().map(|mw| (mw / 1000) as u64),
+        });
+    }
+    inv
+}
+
+fn nvml_telemetry(n: &nvml_wrapper::Nvml) -> Telemetry {
+    use nvml_wrapper::enum_wrappers::device::EccCounter;
+    use nvml_wrapper::enum_wrappers::device::MemoryError;
+    use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let count = n.device_count().unwrap_or(0);
+    let mut out = Telemetry::default();
+    for i in 0..count {
+        let Ok(d) = n.device_by_index(i) else { continue };
+        let mib = |b: u64| (b / (1024 * 1024)) as f64;
+        out.accelerators.push(AcceleratorTelemetry {
+            uuid: d.uuid().ok(),
+            utilization_pct: d.utilization_rates().ok().map(|u| u.gpu as f64),
+            memory_used_mib: d.memory_info().ok().map(|m| mib(m.used)),
+            temperature_c: d.temperature(TemperatureSensor::Gpu).ok().map(|t| t as f64),
+            power_draw_w: d.power_usage().ok().map(|mw| mw as f64 / 1000.0),
+            ecc_errors_uncorrected: d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
+            processes: d
+                .running_compute_processes()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| ProcessTelemetry {
+                    pid: p.pid,
+                    used_memory_mib: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(mib(b)),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                })
+                .collect(),
+        });
+    }
+    out
+}
+
+/// Capacity and free space of each storage root (statvfs).
+pub fn storage_roots(paths: &[PathBuf]) -> Vec<StorageRoot> {
+    paths
+        .iter()
+        .map(|p| {
+            let (capacity_bytes, free_bytes) = statvfs(p).unwrap_or((0, 0));
+            StorageRoot { path: p.display().to_string(), capacity_bytes, free_bytes }
+        })
+        .collect()
+}
+
+fn statvfs(p: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
+}

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// Take a snapshot every this many log entries.
     #[arg(long, default_value_t = 5000)]
     pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot, for lagging followers (openraft issue #1706: keep
+    /// this well above what a follower can fall behind during a snapshot install).
+    #[arg(long, default_value_t = 5000)]
+    pub snapshot_keep_logs: u64,
     /// A node is `stale` after this long without a heartbeat.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub stale_after: Duration,
@@ -149,7 +153,7 @@ impl ServeArgs {
                 election_timeout_min_ms: election,
                 election_timeout_max_ms: election * 2,
                 snapshot_every_logs: self.snapshot_every,
-                logs_kept_after_snapshot: self.snapshot_every.max(1000),
+                logs_kept_after_snapshot: self.snapshot_keep_logs,
             },
             thresholds: StatusThresholds {
                 stale_after_ms: self.stale_after.as_millis() as i64,

@@ -1,0 +1,179 @@
+//! Crashes over real processes: `kill -9` of the leader and of a follower during steady
+//! heartbeats, restarts that catch up (log replay and snapshot install), a whole-cluster crash,
+//! and the claim retry when the outcome of an enrolment was unknown.
+
+mod common;
+
+
+use common::*;
+use modelforge_proto::identity::IdentityKey;
+use serde_json::json;
+
+/// Heartbeat from every agent through whichever member answers; true if all got 200.
+async fn all_heartbeat_ok(urls: &[String], nodes: &[(String, String)]) -> bool {
+    for (nid, cred) in nodes {
+        let mut ok = false;
+        for u in urls {
+            let (s, _) = call("POST", &format!("{u}/api/v1/agent/nodes/{nid}/heartbeat"), Some(cred), Some(json!({}))).await;
+            if s == 200 {
+                ok = true;
+                break;
+            }
+        }
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_catch_up() {
+    let mut c = Cluster::start_with(3, &["--snapshot-every", "20", "--snapshot-keep-logs", "0"]).await;
+    let mut agents = vec![];
+    let mut nodes = vec![];
+    for i in 0..3 {
+        let t = c.new_token(600).await;
+        let mut a = Agent::new(c.root(), &format!("a{i}"), c.urls());
+        a.start(Some(&t));
+        nodes.push(a.wait_enrolled(None).await);
+        agents.push(a);
+    }
+    let leader = c.wait_leader().await;
+    c.kill9(leader);
+    let new_leader = c.wait_leader().await;
+    assert_ne!(new_leader, leader);
+    // Writes resume: a token can be created and an agent can enrol.
+    let t = c.new_token(600).await;
+    let urls = c.urls();
+    wait_until("every agent's heartbeat is accepted after the leader died", WAIT, || async {
+        all_heartbeat_ok(&urls, &nodes).await.then_some(())
+    })
+    .await;
+    // Enough writes that the survivors snapshot past what the dead member has.
+    for _ in 0..30 {
+        c.new_token(60).await;
+    }
+    c.start_member(leader);
+    c.wait_ready().await;
+    let digest = c.wait_converged().await;
+    assert!(!digest.is_empty());
+    let log = std::fs::read_to_string(c.root().join(format!("m{leader}.log"))).unwrap();
+    assert!(log.contains("installed snapshot"), "the restarted member caught up by snapshot install");
+    // The restarted member caught up (snapshot install or log replay) and serves correctly.
+    for (nid, cred) in &nodes {
+        let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(leader));
+        let (s, _) = call("POST", &url, Some(cred), Some(json!({}))).await;
+        assert_eq!(s, 200);
+    }
+    // Now a follower.
+    let leader = c.wait_leader().await;
+    let follower = c.ids.iter().copied().find(|i| *i != leader).unwrap();
+    c.kill9(follower);
+    let mut late = Agent::new(c.root(), "late", c.urls());
+    late.start(Some(&t));
+    late.wait_enrolled(None).await;
+    assert!(all_heartbeat_ok(&c.urls(), &nodes).await);
+    c.start_member(follower);
+    c.wait_ready().await;
+    c.wait_converged().await;
+    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 4);
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(n["status"], "online", "no node leaves online because the leader moved: {n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_killed_keeps_every_acknowledged_write() {
+    let mut c = Cluster::start(3).await;
+    let t = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&t));
+    let (nid, cred) = a.wait_enrolled(None).await;
+    a.stop();
+    let (s, _) = c.admin("DELETE", &format!("/api/v1/admin/hardware/nodes/{nid}/credential"), None).await;
+    assert_eq!(s, 200);
+    let t2 = c.new_token(600).await;
+    a.start(Some(&t2));
+    let (_, cred2) = a.wait_enrolled(Some(&cred)).await;
+    a.stop();
+    for id in c.ids.clone() {
+        c.kill9(id);
+    }
+    for id in c.ids.clone() {
+        c.start_member(id);
+    }
+    c.wait_ready().await;
+    assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![401, 401, 401], "the revocation survived kill -9");
+    assert_eq!(c.heartbeat_all(&nid, &cred2).await, vec![200, 200, 200], "the new credential survived kill -9");
+    let creds = c.credentials(&nid).await;
+    assert_eq!((creds["active"].as_u64(), creds["revoked"].as_u64()), (Some(1), Some(1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_member_restarted_keeps_its_state() {
+    let mut c = Cluster::start(1).await;
+    let t = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&t));
+    let (nid, cred) = a.wait_enrolled(None).await;
+    a.stop();
+    c.kill9(1);
+    c.start_member(1);
+    c.wait_ready().await;
+    assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![200]);
+}
+
+/// The leader died after committing a claim but before replying: the agent's retry of the same
+/// claim (same identity, same token) lands on the same node id; another identity cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
+    let mut c = Cluster::start(3).await;
+    let token = c.new_token(600).await;
+    let token_id = &token[5..37];
+    let key = IdentityKey::generate();
+    let enroll = |key: &IdentityKey| {
+        json!({
+            "token": token,
+            "hostname": "gpu-retry",
+            "identity": key.prove(token_id, "gpu-retry", modelforge_proto::now_ms(), None),
+            "inventory": {"accelerators": [], "storage_roots": []},
+        })
+    };
+    let leader = c.wait_leader().await;
+    let (s, first) = call("POST", &format!("{}/api/v1/agent/enroll", c.url(leader)), None, Some(enroll(&key))).await;
+    assert_eq!(s, 201, "{first}");
+    // The reply is "lost"; the leader dies; the agent retries elsewhere.
+    c.kill9(leader);
+    c.wait_leader().await;
+    let other = c.live_ids()[0];
+    let body = enroll(&key);
+    let (s, second) = wait_until("the retry is answered", WAIT, || {
+        let url = format!("{}/api/v1/agent/enroll", c.url(other));
+        let body = body.clone();
+        async move {
+            let r = call("POST", &url, None, Some(body)).await;
+            (r.0 != 0 && r.0 != 503).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(s, 201, "{second}");
+    assert_eq!(second["node_id"], first["node_id"]);
+    assert_ne!(second["credential"], first["credential"]);
+    let nid = first["node_id"].as_str().unwrap();
+    let first_cred = first["credential"].as_str().unwrap();
+    let second_cred = second["credential"].as_str().unwrap();
+    assert_eq!(c.heartbeat_all(nid, first_cred).await, vec![401, 401], "the undelivered credential is revoked");
+    // Another identity with the same token: refused.
+    let thief = IdentityKey::generate();
+    let (s, v) = call("POST", &format!("{}/api/v1/agent/enroll", c.url(other)), None, Some(enroll(&thief))).await;
+    assert_eq!(s, 401, "{v}");
+    // Once the credential was used, even the same identity cannot claim again.
+    assert_eq!(c.heartbeat_all(nid, second_cred).await, vec![200, 200]);
+    let (s, v) = call("POST", &format!("{}/api/v1/agent/enroll", c.url(other)), None, Some(enroll(&key))).await;
+    assert_eq!(s, 401, "{v}");
+    assert_eq!(v["error"]["code"], "token_already_claimed");
+    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 1);
+}

@@ -33,7 +33,9 @@ impl Replicated {
     /// Whether `digest` is the digest of the secret last verified for `credential_id`.
     pub fn is_verified(&self, credential_id: &str, digest: &[u8; 32]) -> bool {
         let cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-        cache.get(credential_id).is_some_and(|d| subtle::ConstantTimeEq::ct_eq(&d[..], &digest[..]).into())
+        cache
+            .get(credential_id)
+            .is_some_and(|d| subtle::ConstantTimeEq::ct_eq(&d[..], &digest[..]).into())
     }
 
     pub fn remember_verified(&self, credential_id: &str, digest: [u8; 32]) {
@@ -43,7 +45,13 @@ impl Replicated {
 
     /// Decode an answer produced by [`Application::apply`].
     pub fn decode_result(bytes: &[u8]) -> ApplyResult {
-        codec::decode(bytes).unwrap_or_else(|e| Err(Refusal::new(500, "bad_command", format!("undecodable answer: {e}"))))
+        codec::decode(bytes).unwrap_or_else(|e| {
+            Err(Refusal::new(
+                500,
+                "bad_command",
+                format!("undecodable answer: {e}"),
+            ))
+        })
     }
 }
 
@@ -63,7 +71,11 @@ impl Application for Replicated {
                 if let Some(node) = node_id.as_ref().and_then(|n| state.nodes.get(n)) {
                     let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
                     for c in &node.credential_ids {
-                        if state.credentials.get(c).is_some_and(|c| c.revoked_at_ms.is_some()) {
+                        if state
+                            .credentials
+                            .get(c)
+                            .is_some_and(|c| c.revoked_at_ms.is_some())
+                        {
                             cache.remove(c);
                         }
                     }
@@ -73,7 +85,11 @@ impl Application for Replicated {
             Err(e) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
                 state.last_applied_index = log_index;
-                Err(Refusal::new(400, "bad_command", format!("command does not decode: {e}")))
+                Err(Refusal::new(
+                    400,
+                    "bad_command",
+                    format!("command does not decode: {e}"),
+                ))
             }
         };
         codec::encode(&result).unwrap_or_default()
@@ -86,7 +102,10 @@ impl Application for Replicated {
     fn restore(&self, data: &[u8]) -> std::io::Result<()> {
         let state: State = codec::decode(data)?;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
-        self.verified.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         Ok(())
     }
 }

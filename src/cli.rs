@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Run one cluster member (with no flags: a single-member cluster on 127.0.0.1:7070).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print how long one argon2id hash takes at the given parameters, and the bound it sets.
     Argon2Bench(HashArgs),
 }
@@ -107,15 +107,25 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     pub fn into_config(self) -> anyhow::Result<ServeConfig> {
-        let advertise = self.advertise.clone().unwrap_or_else(|| format!("http://{}", self.listen));
+        let advertise = self
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen));
         let mut peers = BTreeMap::new();
         for p in &self.peers {
-            let (id, url) = p.split_once('=').with_context(|| format!("--peer {p:?}: expected <id>=<url>"))?;
-            let id: u64 = id.parse().with_context(|| format!("--peer {p:?}: the id must be a number"))?;
+            let (id, url) = p
+                .split_once('=')
+                .with_context(|| format!("--peer {p:?}: expected <id>=<url>"))?;
+            let id: u64 = id
+                .parse()
+                .with_context(|| format!("--peer {p:?}: the id must be a number"))?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 bail!("--peer {p:?}: the url must start with http:// or https://");
             }
-            if peers.insert(id, url.trim_end_matches('/').to_string()).is_some() {
+            if peers
+                .insert(id, url.trim_end_matches('/').to_string())
+                .is_some()
+            {
                 bail!("--peer: id {id} given twice");
             }
         }
@@ -123,12 +133,16 @@ impl ServeArgs {
             peers.insert(self.node_id, advertise.clone());
         }
         if !peers.contains_key(&self.node_id) {
-            bail!("--peer must list this member too (--node-id {})", self.node_id);
+            bail!(
+                "--peer must list this member too (--node-id {})",
+                self.node_id
+            );
         }
         if self.offline_after <= self.stale_after {
             bail!("--offline-after must be longer than --stale-after");
         }
-        std::fs::create_dir_all(&self.data_dir).with_context(|| format!("create {}", self.data_dir.display()))?;
+        std::fs::create_dir_all(&self.data_dir)
+            .with_context(|| format!("create {}", self.data_dir.display()))?;
         let admin_token = admin_token(&self.data_dir, self.admin_token_file.as_deref())?;
         let cluster_secret = match std::env::var("MODELFORGE_CLUSTER_SECRET") {
             Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
@@ -146,8 +160,16 @@ impl ServeArgs {
             peers,
             admin_token,
             cluster_secret,
-            hash_params: HashParams { m_kib: self.hash.argon2_m_kib, t: self.hash.argon2_t, p: self.hash.argon2_p },
-            hash_workers: self.hash_workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
+            hash_params: HashParams {
+                m_kib: self.hash.argon2_m_kib,
+                t: self.hash.argon2_t,
+                p: self.hash.argon2_p,
+            },
+            hash_workers: self.hash_workers.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+            }),
             tuning: modelforge_raft::RaftTuning {
                 heartbeat_interval_ms: self.raft_heartbeat.as_millis() as u64,
                 election_timeout_min_ms: election,
@@ -171,7 +193,10 @@ fn read_secret_file(path: &Path) -> anyhow::Result<String> {
     let s = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     let s = s.trim().to_string();
     if s.len() < 16 {
-        bail!("{}: a secret must be at least 16 characters", path.display());
+        bail!(
+            "{}: a secret must be at least 16 characters",
+            path.display()
+        );
     }
     Ok(s)
 }
@@ -183,11 +208,16 @@ fn admin_token(data_dir: &Path, file: Option<&Path>) -> anyhow::Result<String> {
     {
         return Ok(t.trim().to_string());
     }
-    let path = file.map(Path::to_path_buf).unwrap_or_else(|| data_dir.join("admin.token"));
+    let path = file
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| data_dir.join("admin.token"));
     if path.exists() {
         return read_secret_file(&path);
     }
-    let token = format!("mfadm_{}", modelforge_proto::hex(&modelforge_proto::random_bytes::<32>()));
+    let token = format!(
+        "mfadm_{}",
+        modelforge_proto::hex(&modelforge_proto::random_bytes::<32>())
+    );
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -203,12 +233,22 @@ fn admin_token(data_dir: &Path, file: Option<&Path>) -> anyhow::Result<String> {
 
 /// `modelforge argon2-bench`: the figure the enrolment target is measured against.
 pub fn argon2_bench(args: &HashArgs) -> anyhow::Result<()> {
-    let h = crate::secrets::Hasher::new(&HashParams { m_kib: args.argon2_m_kib, t: args.argon2_t, p: args.argon2_p }, 1, 1)?;
+    let h = crate::secrets::Hasher::new(
+        &HashParams {
+            m_kib: args.argon2_m_kib,
+            t: args.argon2_t,
+            p: args.argon2_p,
+        },
+        1,
+        1,
+    )?;
     let _ = h.time_one_hash();
     let n = 10;
     let total: Duration = (0..n).map(|_| h.time_one_hash()).sum();
     let one = total / n;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     println!(
         "argon2id m={} KiB t={} p={}: one hash {:.1} ms; bound {:.1} hashes/s on {cores} cores",
         args.argon2_m_kib,

@@ -21,7 +21,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
     }
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
@@ -39,10 +43,18 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
     }
     pub fn too_large() -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the request body is larger than this endpoint accepts")
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than this endpoint accepts",
+        )
     }
     pub fn overloaded() -> Self {
-        Self::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", "too many requests are waiting for a secret check; retry shortly")
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "overloaded",
+            "too many requests are waiting for a secret check; retry shortly",
+        )
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
@@ -73,13 +85,22 @@ impl From<Refusal> for ApiError {
             "bad_command" => "bad_command",
             _ => "refused",
         };
-        Self { status, code, message: r.message }
+        Self {
+            status,
+            code,
+            message: r.message,
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
         (self.status, axum::Json(body)).into_response()
     }
 }

@@ -93,9 +93,15 @@ pub fn node_status(
     if decommissioned {
         return "decommissioned";
     }
-    let Some(last) = last_seen_ms else { return "never_seen" };
+    let Some(last) = last_seen_ms else {
+        return "never_seen";
+    };
     // Grace after a leadership change: silence is counted from the change at the latest.
-    let silent_since = if leader_since_ms > last { leader_since_ms } else { last };
+    let silent_since = if leader_since_ms > last {
+        leader_since_ms
+    } else {
+        last
+    };
     let age = now_ms - silent_since;
     if age <= t.stale_after_ms {
         "online"
@@ -110,7 +116,10 @@ pub fn node_status(
 mod tests {
     use super::*;
 
-    const T: StatusThresholds = StatusThresholds { stale_after_ms: 30_000, offline_after_ms: 90_000 };
+    const T: StatusThresholds = StatusThresholds {
+        stale_after_ms: 30_000,
+        offline_after_ms: 90_000,
+    };
 
     #[test]
     fn statuses() {
@@ -124,7 +133,13 @@ mod tests {
     #[test]
     fn a_leader_change_opens_a_grace_window() {
         // Last seen long ago by the old leader; this member leads since 190_000.
-        assert_eq!(node_status(false, Some(100_000), 190_000, 200_000, T), "online");
-        assert_eq!(node_status(false, Some(100_000), 190_000, 250_000, T), "stale");
+        assert_eq!(
+            node_status(false, Some(100_000), 190_000, 200_000, T),
+            "online"
+        );
+        assert_eq!(
+            node_status(false, Some(100_000), 190_000, 250_000, T),
+            "stale"
+        );
     }
 }

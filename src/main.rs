@@ -8,13 +8,16 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("MODELFORGE_LOG").unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")))
+        .with_env_filter(
+            EnvFilter::try_from_env("MODELFORGE_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Cmd::Serve(args) => match args.into_config() {
+        Cmd::Serve(args) => match (*args).into_config() {
             Ok(cfg) => modelforge::server::serve(cfg, shutdown_signal()).await,
             Err(e) => Err(e),
         },

@@ -30,7 +30,11 @@ pub struct HashParams {
 
 impl Default for HashParams {
     fn default() -> Self {
-        Self { m_kib: argon2::Params::DEFAULT_M_COST, t: argon2::Params::DEFAULT_T_COST, p: argon2::Params::DEFAULT_P_COST }
+        Self {
+            m_kib: argon2::Params::DEFAULT_M_COST,
+            t: argon2::Params::DEFAULT_T_COST,
+            p: argon2::Params::DEFAULT_P_COST,
+        }
     }
 }
 
@@ -56,10 +60,17 @@ impl Hasher {
     }
 
     fn argon(&self) -> Argon2<'static> {
-        Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, self.params.clone())
+        Argon2::new(
+            argon2::Algorithm::Argon2id,
+            argon2::Version::V0x13,
+            self.params.clone(),
+        )
     }
 
-    async fn run<T: Send + 'static>(&self, f: impl FnOnce(Argon2<'static>) -> T + Send + 'static) -> Result<T, ApiError> {
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Argon2<'static>) -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::overloaded());
@@ -87,7 +98,8 @@ impl Hasher {
 
     /// Whether `secret` matches the stored PHC string. A malformed PHC string never matches.
     pub async fn verify(&self, phc: String, secret: String) -> Result<bool, ApiError> {
-        self.run(move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok()).await
+        self.run(move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok())
+            .await
     }
 
     /// Time one hash at the configured parameters (for benchmarks and the startup log).
@@ -112,7 +124,8 @@ pub fn same_secret(presented: &str, expected: &str) -> bool {
 pub fn peer_token(cluster_secret: &str) -> String {
     use hmac::KeyInit;
     use hmac::Mac;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(cluster_secret.as_bytes()).expect("hmac takes any key length");
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(cluster_secret.as_bytes())
+        .expect("hmac takes any key length");
     mac.update(b"modelforge-peer-v1");
     modelforge_proto::hex(&mac.finalize().into_bytes())
 }
@@ -123,7 +136,16 @@ mod tests {
 
     #[tokio::test]
     async fn hash_then_verify() {
-        let h = Hasher::new(&HashParams { m_kib: 1024, t: 1, p: 1 }, 2, 8).unwrap();
+        let h = Hasher::new(
+            &HashParams {
+                m_kib: 1024,
+                t: 1,
+                p: 1,
+            },
+            2,
+            8,
+        )
+        .unwrap();
         let phc = h.hash("mfnc_secret".into()).await.unwrap();
         assert!(phc.starts_with("$argon2id$"));
         assert!(!phc.contains("mfnc_secret"));

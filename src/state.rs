@@ -43,8 +43,15 @@ pub struct Envelope {
 /// Everything that changes replicated state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Command {
-    CreateToken { token_id: String, hash: String, ttl_ms: i64, note: Option<String> },
-    CancelToken { token_id: String },
+    CreateToken {
+        token_id: String,
+        hash: String,
+        ttl_ms: i64,
+        note: Option<String>,
+    },
+    CancelToken {
+        token_id: String,
+    },
     Enroll {
         token_id: String,
         public_key: String,
@@ -55,10 +62,18 @@ pub enum Command {
         credential_id: String,
         credential_hash: String,
     },
-    RevokeCredentials { node_id: String, reason: String },
+    RevokeCredentials {
+        node_id: String,
+        reason: String,
+    },
     /// Coalesced `last_used_at` updates: (credential id, used at).
-    TouchCredentials { uses: Vec<(String, i64)> },
-    UpdateInventory { node_id: String, inventory: Inventory },
+    TouchCredentials {
+        uses: Vec<(String, i64)>,
+    },
+    UpdateInventory {
+        node_id: String,
+        inventory: Inventory,
+    },
 }
 
 impl Command {
@@ -75,19 +90,38 @@ impl Command {
 
     /// Admin and enrolment actions go into the audit trail; bookkeeping does not.
     fn audited(&self) -> bool {
-        !matches!(self, Command::TouchCredentials { .. } | Command::UpdateInventory { .. })
+        !matches!(
+            self,
+            Command::TouchCredentials { .. } | Command::UpdateInventory { .. }
+        )
     }
 }
 
 /// A successful command's answer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Outcome {
-    TokenCreated { token_id: String, created_at_ms: i64, expires_at_ms: i64 },
-    TokenCancelled { token_id: String },
-    Enrolled { node_id: String, credential_id: String, reenrolled: bool },
-    Revoked { credential_ids: Vec<String> },
-    Touched { count: usize },
-    InventoryUpdated { changed: bool },
+    TokenCreated {
+        token_id: String,
+        created_at_ms: i64,
+        expires_at_ms: i64,
+    },
+    TokenCancelled {
+        token_id: String,
+    },
+    Enrolled {
+        node_id: String,
+        credential_id: String,
+        reenrolled: bool,
+    },
+    Revoked {
+        credential_ids: Vec<String>,
+    },
+    Touched {
+        count: usize,
+    },
+    InventoryUpdated {
+        changed: bool,
+    },
 }
 
 /// A refused command: the same on every member, mapped to HTTP by `error.rs`.
@@ -100,7 +134,11 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(status: u16, code: &str, message: impl Into<String>) -> Self {
-        Self { status, code: code.to_string(), message: message.into() }
+        Self {
+            status,
+            code: code.to_string(),
+            message: message.into(),
+        }
     }
 }
 
@@ -231,7 +269,9 @@ impl State {
         if env.command.audited() {
             let target = match (&env.command, &result) {
                 (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.clone(),
-                (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id }, _) => token_id.clone(),
+                (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id }, _) => {
+                    token_id.clone()
+                }
                 (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
                 (Command::RevokeCredentials { node_id, .. }, _) => node_id.clone(),
                 _ => String::new(),
@@ -240,10 +280,19 @@ impl State {
                 Ok(_) => "ok".to_string(),
                 Err(r) => r.code.clone(),
             };
-            self.audit(now, log_index, &env.actor, env.command.action(), &target, &outcome, &env.request_id);
+            self.audit(
+                now,
+                log_index,
+                &env.actor,
+                env.command.action(),
+                &target,
+                &outcome,
+                &env.request_id,
+            );
         }
         if !env.request_id.is_empty() {
-            self.dedup.insert(env.request_id.clone(), (now, result.clone()));
+            self.dedup
+                .insert(env.request_id.clone(), (now, result.clone()));
             self.dedup_order.push_back((now, env.request_id.clone()));
         }
         result
@@ -261,9 +310,22 @@ impl State {
     }
 
     #[allow(clippy::too_many_arguments)] // one audit row has this many columns
-    fn audit(&mut self, now: i64, log_index: u64, actor: &str, action: &str, target: &str, result: &str, request_id: &str) {
+    fn audit(
+        &mut self,
+        now: i64,
+        log_index: u64,
+        actor: &str,
+        action: &str,
+        target: &str,
+        result: &str,
+        request_id: &str,
+    ) {
         let seq = self.audit.len() as u64 + 1;
-        let prev_hash = self.audit.last().map(|e| e.hash.clone()).unwrap_or_else(|| "0".repeat(64));
+        let prev_hash = self
+            .audit
+            .last()
+            .map(|e| e.hash.clone())
+            .unwrap_or_else(|| "0".repeat(64));
         let mut ev = AuditEvent {
             seq,
             at_ms: now,
@@ -282,9 +344,18 @@ impl State {
 
     fn execute(&mut self, now: i64, env: &Envelope) -> ApplyResult {
         match &env.command {
-            Command::CreateToken { token_id, hash, ttl_ms, note } => {
+            Command::CreateToken {
+                token_id,
+                hash,
+                ttl_ms,
+                note,
+            } => {
                 if self.tokens.contains_key(token_id) {
-                    return Err(Refusal::new(409, "token_exists", "an enrolment token with this id exists"));
+                    return Err(Refusal::new(
+                        409,
+                        "token_exists",
+                        "an enrolment token with this id exists",
+                    ));
                 }
                 let expires_at_ms = now.saturating_add(*ttl_ms);
                 self.tokens.insert(
@@ -299,21 +370,50 @@ impl State {
                         claim: None,
                     },
                 );
-                Ok(Outcome::TokenCreated { token_id: token_id.clone(), created_at_ms: now, expires_at_ms })
+                Ok(Outcome::TokenCreated {
+                    token_id: token_id.clone(),
+                    created_at_ms: now,
+                    expires_at_ms,
+                })
             }
             Command::CancelToken { token_id } => {
                 let Some(t) = self.tokens.get_mut(token_id) else {
-                    return Err(Refusal::new(404, "enrollment_not_found", "no enrolment token with this id"));
+                    return Err(Refusal::new(
+                        404,
+                        "enrollment_not_found",
+                        "no enrolment token with this id",
+                    ));
                 };
                 if t.claim.is_some() {
-                    return Err(Refusal::new(409, "enrollment_claimed", "the token was already claimed; revoke the node's credential instead"));
+                    return Err(Refusal::new(
+                        409,
+                        "enrollment_claimed",
+                        "the token was already claimed; revoke the node's credential instead",
+                    ));
                 }
                 t.cancelled_at_ms.get_or_insert(now);
-                Ok(Outcome::TokenCancelled { token_id: token_id.clone() })
+                Ok(Outcome::TokenCancelled {
+                    token_id: token_id.clone(),
+                })
             }
-            Command::Enroll { token_id, public_key, hostname, inventory, new_node_id, credential_id, credential_hash } => {
-                self.enroll(now, token_id, public_key, hostname, inventory, new_node_id, credential_id, credential_hash)
-            }
+            Command::Enroll {
+                token_id,
+                public_key,
+                hostname,
+                inventory,
+                new_node_id,
+                credential_id,
+                credential_hash,
+            } => self.enroll(
+                now,
+                token_id,
+                public_key,
+                hostname,
+                inventory,
+                new_node_id,
+                credential_id,
+                credential_hash,
+            ),
             Command::RevokeCredentials { node_id, reason } => {
                 let Some(node) = self.nodes.get(node_id) else {
                     return Err(Refusal::new(404, "node_not_found", "no node with this id"));
@@ -321,18 +421,26 @@ impl State {
                 let active: Vec<String> = node
                     .credential_ids
                     .iter()
-                    .filter(|c| self.credentials.get(*c).is_some_and(|c| c.revoked_at_ms.is_none()))
+                    .filter(|c| {
+                        self.credentials
+                            .get(*c)
+                            .is_some_and(|c| c.revoked_at_ms.is_none())
+                    })
                     .cloned()
                     .collect();
                 for c in &active {
                     self.revoke(now, c, reason, true);
                 }
-                Ok(Outcome::Revoked { credential_ids: active })
+                Ok(Outcome::Revoked {
+                    credential_ids: active,
+                })
             }
             Command::TouchCredentials { uses } => {
                 let mut count = 0;
                 for (id, at) in uses {
-                    let Some(c) = self.credentials.get_mut(id) else { continue };
+                    let Some(c) = self.credentials.get_mut(id) else {
+                        continue;
+                    };
                     let at = (*at).min(now);
                     let first = c.last_used_at_ms.is_none();
                     c.last_used_at_ms = Some(c.last_used_at_ms.map_or(at, |old| old.max(at)));
@@ -349,9 +457,15 @@ impl State {
                     return Err(Refusal::new(404, "node_not_found", "no node with this id"));
                 };
                 if node.decommissioned_at_ms.is_some() {
-                    return Err(Refusal::new(409, "node_decommissioned", "the node is decommissioned"));
+                    return Err(Refusal::new(
+                        409,
+                        "node_decommissioned",
+                        "the node is decommissioned",
+                    ));
                 }
-                Ok(Outcome::InventoryUpdated { changed: set_inventory(node, now, inventory) })
+                Ok(Outcome::InventoryUpdated {
+                    changed: set_inventory(node, now, inventory),
+                })
             }
         }
     }
@@ -368,22 +482,49 @@ impl State {
         credential_id: &str,
         credential_hash: &str,
     ) -> ApplyResult {
-        let invalid = || Refusal::new(401, "invalid_token", "the enrolment token is unknown, expired, cancelled or already claimed");
-        let Some(token) = self.tokens.get(token_id) else { return Err(invalid()) };
+        let invalid = || {
+            Refusal::new(
+                401,
+                "invalid_token",
+                "the enrolment token is unknown, expired, cancelled or already claimed",
+            )
+        };
+        let Some(token) = self.tokens.get(token_id) else {
+            return Err(invalid());
+        };
         if token.cancelled_at_ms.is_some() {
-            return Err(Refusal::new(401, "token_cancelled", "the enrolment token was cancelled"));
+            return Err(Refusal::new(
+                401,
+                "token_cancelled",
+                "the enrolment token was cancelled",
+            ));
         }
         if now > token.expires_at_ms {
-            return Err(Refusal::new(401, "token_expired", "the enrolment token has expired"));
+            return Err(Refusal::new(
+                401,
+                "token_expired",
+                "the enrolment token has expired",
+            ));
         }
         if self.credentials.contains_key(credential_id) {
-            return Err(Refusal::new(409, "credential_exists", "credential id collision; retry"));
+            return Err(Refusal::new(
+                409,
+                "credential_exists",
+                "credential id collision; retry",
+            ));
         }
         let existing = self.identities.get(public_key).cloned();
         if let Some(nid) = &existing
-            && self.nodes.get(nid).is_some_and(|n| n.decommissioned_at_ms.is_some())
+            && self
+                .nodes
+                .get(nid)
+                .is_some_and(|n| n.decommissioned_at_ms.is_some())
         {
-            return Err(Refusal::new(403, "identity_decommissioned", "this identity belongs to a decommissioned node and can never enrol again"));
+            return Err(Refusal::new(
+                403,
+                "identity_decommissioned",
+                "this identity belongs to a decommissioned node and can never enrol again",
+            ));
         }
         let retry = match &token.claim {
             None => false,
@@ -393,7 +534,11 @@ impl State {
                     .get(&claim.credential_id)
                     .is_some_and(|c| c.last_used_at_ms.is_some() || c.revoked_at_ms.is_some());
                 if claim.public_key != public_key || claim.spent || delivered {
-                    return Err(Refusal::new(401, "token_already_claimed", "the enrolment token was already claimed"));
+                    return Err(Refusal::new(
+                        401,
+                        "token_already_claimed",
+                        "the enrolment token was already claimed",
+                    ));
                 }
                 true
             }
@@ -403,9 +548,14 @@ impl State {
             Some(nid) => (nid, true),
             None => {
                 if self.nodes.contains_key(new_node_id) {
-                    return Err(Refusal::new(409, "node_id_exists", "node id collision; retry"));
+                    return Err(Refusal::new(
+                        409,
+                        "node_id_exists",
+                        "node id collision; retry",
+                    ));
                 }
-                self.identities.insert(public_key.to_string(), new_node_id.to_string());
+                self.identities
+                    .insert(public_key.to_string(), new_node_id.to_string());
                 self.nodes.insert(
                     new_node_id.to_string(),
                     Node {
@@ -431,12 +581,20 @@ impl State {
         let old: Vec<String> = self.nodes[&node_id]
             .credential_ids
             .iter()
-            .filter(|c| self.credentials.get(*c).is_some_and(|c| c.revoked_at_ms.is_none()))
+            .filter(|c| {
+                self.credentials
+                    .get(*c)
+                    .is_some_and(|c| c.revoked_at_ms.is_none())
+            })
             .cloned()
             .collect();
         for c in &old {
             let undelivered_retry = retry && claimed_credential.as_ref() == Some(c);
-            let reason = if undelivered_retry { "superseded by a retry of the same claim" } else { "superseded by re-enrolment" };
+            let reason = if undelivered_retry {
+                "superseded by a retry of the same claim"
+            } else {
+                "superseded by re-enrolment"
+            };
             self.revoke(now, c, reason, !undelivered_retry);
         }
         self.credentials.insert(
@@ -452,7 +610,10 @@ impl State {
                 token_id: Some(token_id.to_string()),
             },
         );
-        let token = self.tokens.get_mut(token_id).expect("token looked up above");
+        let token = self
+            .tokens
+            .get_mut(token_id)
+            .expect("token looked up above");
         match &mut token.claim {
             Some(claim) => claim.credential_id = credential_id.to_string(),
             None => {
@@ -465,7 +626,10 @@ impl State {
                 })
             }
         }
-        let node = self.nodes.get_mut(&node_id).expect("node exists or was created above");
+        let node = self
+            .nodes
+            .get_mut(&node_id)
+            .expect("node exists or was created above");
         node.credential_ids.push(credential_id.to_string());
         node.enrolled_at_ms = now;
         if node.hostname != hostname {
@@ -473,16 +637,28 @@ impl State {
             node.hostname = hostname.to_string();
             push_history(node, now, "hostname_changed", detail);
         }
-        let kind = if retry { "enrolment_retried" } else if reenrolled { "re-enrolled" } else { "enrolled" };
+        let kind = if retry {
+            "enrolment_retried"
+        } else if reenrolled {
+            "re-enrolled"
+        } else {
+            "enrolled"
+        };
         push_history(node, now, kind, format!("token {token_id}"));
         push_history(node, now, "credential_issued", credential_id.to_string());
         set_inventory(node, now, inventory);
-        Ok(Outcome::Enrolled { node_id, credential_id: credential_id.to_string(), reenrolled: reenrolled || retry })
+        Ok(Outcome::Enrolled {
+            node_id,
+            credential_id: credential_id.to_string(),
+            reenrolled: reenrolled || retry,
+        })
     }
 
     /// Revoke one credential (idempotent). With `spend`, the claim it came from is spent too.
     fn revoke(&mut self, now: i64, credential_id: &str, reason: &str, spend: bool) {
-        let Some(c) = self.credentials.get_mut(credential_id) else { return };
+        let Some(c) = self.credentials.get_mut(credential_id) else {
+            return;
+        };
         if c.revoked_at_ms.is_some() {
             return;
         }
@@ -493,12 +669,19 @@ impl State {
             self.spend_claim(token_id.as_deref(), credential_id);
         }
         if let Some(node) = self.nodes.get_mut(&node_id) {
-            push_history(node, now, "credential_revoked", format!("{credential_id}: {reason}"));
+            push_history(
+                node,
+                now,
+                "credential_revoked",
+                format!("{credential_id}: {reason}"),
+            );
         }
     }
 
     fn spend_claim(&mut self, token_id: Option<&str>, credential_id: &str) {
-        if let Some(claim) = token_id.and_then(|t| self.tokens.get_mut(t)).and_then(|t| t.claim.as_mut())
+        if let Some(claim) = token_id
+            .and_then(|t| self.tokens.get_mut(t))
+            .and_then(|t| t.claim.as_mut())
             && claim.credential_id == credential_id
         {
             claim.spent = true;
@@ -532,10 +715,27 @@ fn set_inventory(node: &mut Node, now: i64, inventory: &Inventory) -> bool {
     if digest == node.inventory_digest {
         return false;
     }
-    let old: Vec<&str> = node.inventory.accelerators.iter().map(|a| a.uuid.as_str()).collect();
-    let new: Vec<&str> = inventory.accelerators.iter().map(|a| a.uuid.as_str()).collect();
-    let appeared: Vec<String> = new.iter().filter(|u| !old.contains(u)).map(|u| u.to_string()).collect();
-    let gone: Vec<String> = old.iter().filter(|u| !new.contains(u)).map(|u| u.to_string()).collect();
+    let old: Vec<&str> = node
+        .inventory
+        .accelerators
+        .iter()
+        .map(|a| a.uuid.as_str())
+        .collect();
+    let new: Vec<&str> = inventory
+        .accelerators
+        .iter()
+        .map(|a| a.uuid.as_str())
+        .collect();
+    let appeared: Vec<String> = new
+        .iter()
+        .filter(|u| !old.contains(u))
+        .map(|u| u.to_string())
+        .collect();
+    let gone: Vec<String> = old
+        .iter()
+        .filter(|u| !new.contains(u))
+        .map(|u| u.to_string())
+        .collect();
     node.inventory = inventory.clone();
     node.inventory_digest = digest;
     for u in appeared {
@@ -557,7 +757,12 @@ pub fn push_history(node: &mut Node, now: i64, kind: &str, detail: String) {
         last.at_ms = now;
         return;
     }
-    node.history.push_back(HistoryEvent { at_ms: now, kind: kind.to_string(), detail, count: 1 });
+    node.history.push_back(HistoryEvent {
+        at_ms: now,
+        kind: kind.to_string(),
+        detail,
+        count: 1,
+    });
     while node.history.len() > HISTORY_PER_NODE {
         node.history.pop_front();
     }

@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use common::*;
 use modelforge_proto::identity::IdentityKey;
 use serde_json::json;
@@ -14,7 +13,13 @@ async fn all_heartbeat_ok(urls: &[String], nodes: &[(String, String)]) -> bool {
     for (nid, cred) in nodes {
         let mut ok = false;
         for u in urls {
-            let (s, _) = call("POST", &format!("{u}/api/v1/agent/nodes/{nid}/heartbeat"), Some(cred), Some(json!({}))).await;
+            let (s, _) = call(
+                "POST",
+                &format!("{u}/api/v1/agent/nodes/{nid}/heartbeat"),
+                Some(cred),
+                Some(json!({})),
+            )
+            .await;
             if s == 200 {
                 ok = true;
                 break;
@@ -29,7 +34,8 @@ async fn all_heartbeat_ok(urls: &[String], nodes: &[(String, String)]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_catch_up() {
-    let mut c = Cluster::start_with(3, &["--snapshot-every", "20", "--snapshot-keep-logs", "0"]).await;
+    let mut c =
+        Cluster::start_with(3, &["--snapshot-every", "20", "--snapshot-keep-logs", "0"]).await;
     let mut agents = vec![];
     let mut nodes = vec![];
     for i in 0..3 {
@@ -46,9 +52,11 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
     // Writes resume: a token can be created and an agent can enrol.
     let t = c.new_token(600).await;
     let urls = c.urls();
-    wait_until("every agent's heartbeat is accepted after the leader died", WAIT, || async {
-        all_heartbeat_ok(&urls, &nodes).await.then_some(())
-    })
+    wait_until(
+        "every agent's heartbeat is accepted after the leader died",
+        WAIT,
+        || async { all_heartbeat_ok(&urls, &nodes).await.then_some(()) },
+    )
     .await;
     // Enough writes that the survivors snapshot past what the dead member has.
     for _ in 0..30 {
@@ -59,7 +67,10 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
     let digest = c.wait_converged().await;
     assert!(!digest.is_empty());
     let log = std::fs::read_to_string(c.root().join(format!("m{leader}.log"))).unwrap();
-    assert!(log.contains("installed snapshot"), "the restarted member caught up by snapshot install");
+    assert!(
+        log.contains("installed snapshot"),
+        "the restarted member caught up by snapshot install"
+    );
     // The restarted member caught up (snapshot install or log replay) and serves correctly.
     for (nid, cred) in &nodes {
         let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(leader));
@@ -80,7 +91,10 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
     let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
     assert_eq!(v["nodes"].as_array().unwrap().len(), 4);
     for n in v["nodes"].as_array().unwrap() {
-        assert_eq!(n["status"], "online", "no node leaves online because the leader moved: {n}");
+        assert_eq!(
+            n["status"], "online",
+            "no node leaves online because the leader moved: {n}"
+        );
     }
 }
 
@@ -92,7 +106,13 @@ async fn a_whole_cluster_killed_keeps_every_acknowledged_write() {
     a.start(Some(&t));
     let (nid, cred) = a.wait_enrolled(None).await;
     a.stop();
-    let (s, _) = c.admin("DELETE", &format!("/api/v1/admin/hardware/nodes/{nid}/credential"), None).await;
+    let (s, _) = c
+        .admin(
+            "DELETE",
+            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
+            None,
+        )
+        .await;
     assert_eq!(s, 200);
     let t2 = c.new_token(600).await;
     a.start(Some(&t2));
@@ -105,10 +125,21 @@ async fn a_whole_cluster_killed_keeps_every_acknowledged_write() {
         c.start_member(id);
     }
     c.wait_ready().await;
-    assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![401, 401, 401], "the revocation survived kill -9");
-    assert_eq!(c.heartbeat_all(&nid, &cred2).await, vec![200, 200, 200], "the new credential survived kill -9");
+    assert_eq!(
+        c.heartbeat_all(&nid, &cred).await,
+        vec![401, 401, 401],
+        "the revocation survived kill -9"
+    );
+    assert_eq!(
+        c.heartbeat_all(&nid, &cred2).await,
+        vec![200, 200, 200],
+        "the new credential survived kill -9"
+    );
     let creds = c.credentials(&nid).await;
-    assert_eq!((creds["active"].as_u64(), creds["revoked"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (creds["active"].as_u64(), creds["revoked"].as_u64()),
+        (Some(1), Some(1))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +173,13 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
         })
     };
     let leader = c.wait_leader().await;
-    let (s, first) = call("POST", &format!("{}/api/v1/agent/enroll", c.url(leader)), None, Some(enroll(&key))).await;
+    let (s, first) = call(
+        "POST",
+        &format!("{}/api/v1/agent/enroll", c.url(leader)),
+        None,
+        Some(enroll(&key)),
+    )
+    .await;
     assert_eq!(s, 201, "{first}");
     // The reply is "lost"; the leader dies; the agent retries elsewhere.
     c.kill9(leader);
@@ -164,14 +201,30 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
     let nid = first["node_id"].as_str().unwrap();
     let first_cred = first["credential"].as_str().unwrap();
     let second_cred = second["credential"].as_str().unwrap();
-    assert_eq!(c.heartbeat_all(nid, first_cred).await, vec![401, 401], "the undelivered credential is revoked");
+    assert_eq!(
+        c.heartbeat_all(nid, first_cred).await,
+        vec![401, 401],
+        "the undelivered credential is revoked"
+    );
     // Another identity with the same token: refused.
     let thief = IdentityKey::generate();
-    let (s, v) = call("POST", &format!("{}/api/v1/agent/enroll", c.url(other)), None, Some(enroll(&thief))).await;
+    let (s, v) = call(
+        "POST",
+        &format!("{}/api/v1/agent/enroll", c.url(other)),
+        None,
+        Some(enroll(&thief)),
+    )
+    .await;
     assert_eq!(s, 401, "{v}");
     // Once the credential was used, even the same identity cannot claim again.
     assert_eq!(c.heartbeat_all(nid, second_cred).await, vec![200, 200]);
-    let (s, v) = call("POST", &format!("{}/api/v1/agent/enroll", c.url(other)), None, Some(enroll(&key))).await;
+    let (s, v) = call(
+        "POST",
+        &format!("{}/api/v1/agent/enroll", c.url(other)),
+        None,
+        Some(enroll(&key)),
+    )
+    .await;
     assert_eq!(s, 401, "{v}");
     assert_eq!(v["error"]["code"], "token_already_claimed");
     let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;

@@ -23,14 +23,28 @@ async fn fresh_enrolment_then_heartbeats_on_every_member() {
         let u = c2.remove(0);
         let nid = nid.clone();
         async move {
-            let (_, v) = call("GET", &format!("{u}/api/v1/admin/hardware/nodes/{nid}"), Some(ADMIN), None).await;
-            (v["status"] == "online" && v["telemetry"]["accelerators"].as_array().is_some_and(|a| a.len() == 2)).then_some(())
+            let (_, v) = call(
+                "GET",
+                &format!("{u}/api/v1/admin/hardware/nodes/{nid}"),
+                Some(ADMIN),
+                None,
+            )
+            .await;
+            (v["status"] == "online"
+                && v["telemetry"]["accelerators"]
+                    .as_array()
+                    .is_some_and(|a| a.len() == 2))
+            .then_some(())
         }
     })
     .await;
     // The credential file is private.
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(a.state_dir.join("credential")).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(a.state_dir.join("credential"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     // The token shows as claimed by this node, and the audit trail has the enrolment.
     let (_, v) = c.admin("GET", "/api/v1/admin/node-enrollments", None).await;
@@ -38,8 +52,16 @@ async fn fresh_enrolment_then_heartbeats_on_every_member() {
     assert_eq!(row["state"], "claimed");
     assert_eq!(row["claimed_node_id"], nid.as_str());
     assert!(!v.to_string().contains(&token));
-    let (_, v) = c.admin("GET", &format!("/api/v1/admin/audit?node_id={nid}"), None).await;
-    assert!(v["events"].as_array().unwrap().iter().any(|e| e["action"] == "node.enroll" && e["result"] == "ok"));
+    let (_, v) = c
+        .admin("GET", &format!("/api/v1/admin/audit?node_id={nid}"), None)
+        .await;
+    assert!(
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "node.enroll" && e["result"] == "ok")
+    );
     assert_eq!(v["chain_verified"], true);
 }
 
@@ -60,12 +82,23 @@ async fn credential_lost_reenrols_onto_the_same_node() {
     assert_eq!(nid2, nid, "same node id from the persisted identity");
     assert_ne!(new, old);
     let creds = c.credentials(&nid).await;
-    assert_eq!((creds["active"].as_u64(), creds["revoked"].as_u64()), (Some(1), Some(1)), "{creds}");
+    assert_eq!(
+        (creds["active"].as_u64(), creds["revoked"].as_u64()),
+        (Some(1), Some(1)),
+        "{creds}"
+    );
     assert_eq!(c.heartbeat_all(&nid, &old).await, vec![401, 401, 401]);
     assert_eq!(c.heartbeat_all(&nid, &new).await, vec![200, 200, 200]);
     let node = c.node(&nid).await;
-    assert_eq!(node["accelerators"].as_array().unwrap().len(), 2, "accelerators intact");
-    assert!(node["history"].as_array().unwrap().len() > history_before, "history kept and extended");
+    assert_eq!(
+        node["accelerators"].as_array().unwrap().len(),
+        2,
+        "accelerators intact"
+    );
+    assert!(
+        node["history"].as_array().unwrap().len() > history_before,
+        "history kept and extended"
+    );
     let (_, nodes) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
     assert_eq!(nodes["nodes"].as_array().unwrap().len(), 1);
 }
@@ -78,13 +111,25 @@ async fn credential_stolen_revoke_then_reenrol_and_the_copy_stays_refused() {
     a.start(Some(&t1));
     let (nid, stolen) = a.wait_enrolled(None).await;
     assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![200, 200, 200]);
-    let (s, v) = c.admin("DELETE", &format!("/api/v1/admin/hardware/nodes/{nid}/credential"), None).await;
+    let (s, v) = c
+        .admin(
+            "DELETE",
+            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
+            None,
+        )
+        .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["revoked"].as_array().unwrap().len(), 1);
     // Revocation is linearizable: right after the 200, every member refuses.
     assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![401, 401, 401]);
     // A retry of the revoke is safe.
-    let (s, v) = c.admin("DELETE", &format!("/api/v1/admin/hardware/nodes/{nid}/credential"), None).await;
+    let (s, v) = c
+        .admin(
+            "DELETE",
+            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
+            None,
+        )
+        .await;
     assert_eq!((s, v["revoked"].as_array().unwrap().len()), (200, 0));
     // The running agent's token is spent, so it stops with a one-line reason.
     let (code, line) = a.wait_exit().await;
@@ -100,7 +145,11 @@ async fn credential_stolen_revoke_then_reenrol_and_the_copy_stays_refused() {
     let (nid2, fresh) = a.wait_enrolled(None).await;
     assert_eq!(nid2, nid);
     assert_eq!(c.heartbeat_all(&nid, &fresh).await, vec![200, 200, 200]);
-    assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![401, 401, 401], "the stolen copy stays refused");
+    assert_eq!(
+        c.heartbeat_all(&nid, &stolen).await,
+        vec![401, 401, 401],
+        "the stolen copy stays refused"
+    );
     let node = c.node(&nid).await;
     assert_eq!(node["last_refusal"]["status"], 401);
 }
@@ -120,7 +169,10 @@ async fn another_nodes_credential_gets_403_and_shows_on_the_node() {
     let node_b = c.node(&nb).await;
     assert_eq!(node_b["last_refusal"]["status"], 403, "{node_b}");
     // An unknown node id with a valid credential: 403, not 404 (no existence leak).
-    let url = format!("{}/api/v1/agent/nodes/00000000-0000-4000-8000-000000000000/heartbeat", c.url(1));
+    let url = format!(
+        "{}/api/v1/agent/nodes/00000000-0000-4000-8000-000000000000/heartbeat",
+        c.url(1)
+    );
     assert_eq!(call("POST", &url, Some(&ca), Some(json!({}))).await.0, 403);
 }
 
@@ -136,7 +188,10 @@ async fn identity_lost_enrols_a_new_node_and_the_hostname_conflict_shows() {
     let t2 = c.new_token(600).await;
     a.start(Some(&t2));
     let (new_id, _) = a.wait_enrolled(None).await;
-    assert_ne!(new_id, old_id, "a wiped identity cannot be told apart from new hardware");
+    assert_ne!(
+        new_id, old_id,
+        "a wiped identity cannot be told apart from new hardware"
+    );
     let node = c.node(&new_id).await;
     assert_eq!(node["hostname_conflicts"], json!([old_id]));
     let node = c.node(&old_id).await;
@@ -147,7 +202,9 @@ async fn identity_lost_enrols_a_new_node_and_the_hostname_conflict_shows() {
 async fn two_identities_racing_on_one_token_mint_exactly_one_node() {
     let mut c = Cluster::start(3).await;
     let token = c.new_token(600).await;
-    let mut agents: Vec<Agent> = (0..4).map(|i| Agent::new(c.root(), &format!("r{i}"), c.urls())).collect();
+    let mut agents: Vec<Agent> = (0..4)
+        .map(|i| Agent::new(c.root(), &format!("r{i}"), c.urls()))
+        .collect();
     for a in agents.iter_mut() {
         a.start(Some(&token));
     }
@@ -166,7 +223,11 @@ async fn two_identities_racing_on_one_token_mint_exactly_one_node() {
             exits.push(a.wait_exit().await);
         }
     }
-    assert_eq!(winners.len(), 1, "exactly one identity won: {winners:?}, exits {exits:?}");
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one identity won: {winners:?}, exits {exits:?}"
+    );
     for (code, line) in &exits {
         assert_ne!(*code, 0);
         assert!(line.contains("401"), "{line}");
@@ -178,7 +239,13 @@ async fn two_identities_racing_on_one_token_mint_exactly_one_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_and_cancelled_tokens_are_refused() {
     let mut c = Cluster::start(3).await;
-    let (s, v) = c.admin("POST", "/api/v1/admin/node-enrollments", Some(json!({"ttl_seconds": 1}))).await;
+    let (s, v) = c
+        .admin(
+            "POST",
+            "/api/v1/admin/node-enrollments",
+            Some(json!({"ttl_seconds": 1})),
+        )
+        .await;
     assert_eq!(s, 201);
     let short = v["token"].as_str().unwrap().to_string();
     let eid = v["enrollment_id"].as_str().unwrap().to_string();
@@ -186,8 +253,18 @@ async fn expired_and_cancelled_tokens_are_refused() {
         let u = c.url(1);
         let eid = eid.clone();
         async move {
-            let (_, v) = call("GET", &format!("{u}/api/v1/admin/node-enrollments"), Some(ADMIN), None).await;
-            v["enrollments"].as_array()?.iter().any(|r| r["enrollment_id"] == eid.as_str() && r["state"] == "expired").then_some(())
+            let (_, v) = call(
+                "GET",
+                &format!("{u}/api/v1/admin/node-enrollments"),
+                Some(ADMIN),
+                None,
+            )
+            .await;
+            v["enrollments"]
+                .as_array()?
+                .iter()
+                .any(|r| r["enrollment_id"] == eid.as_str() && r["state"] == "expired")
+                .then_some(())
         }
     })
     .await;
@@ -195,18 +272,36 @@ async fn expired_and_cancelled_tokens_are_refused() {
     a.start(Some(&short));
     let (code, line) = a.wait_exit().await;
     assert_ne!(code, 0);
-    assert!(line.contains("401") && line.contains("token_expired"), "{line}");
+    assert!(
+        line.contains("401") && line.contains("token_expired"),
+        "{line}"
+    );
 
-    let (s, v) = c.admin("POST", "/api/v1/admin/node-enrollments", Some(json!({"ttl_seconds": 600}))).await;
+    let (s, v) = c
+        .admin(
+            "POST",
+            "/api/v1/admin/node-enrollments",
+            Some(json!({"ttl_seconds": 600})),
+        )
+        .await;
     assert_eq!(s, 201);
     let cancelled = v["token"].as_str().unwrap().to_string();
     let eid = v["enrollment_id"].as_str().unwrap();
-    let (s, v) = c.admin("DELETE", &format!("/api/v1/admin/node-enrollments/{eid}"), None).await;
+    let (s, v) = c
+        .admin(
+            "DELETE",
+            &format!("/api/v1/admin/node-enrollments/{eid}"),
+            None,
+        )
+        .await;
     assert_eq!(s, 200, "{v}");
     a.start(Some(&cancelled));
     let (code, line) = a.wait_exit().await;
     assert_ne!(code, 0);
-    assert!(line.contains("401") && line.contains("token_cancelled"), "{line}");
+    assert!(
+        line.contains("401") && line.contains("token_cancelled"),
+        "{line}"
+    );
     let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
     assert_eq!(v["nodes"].as_array().unwrap().len(), 0);
 }
@@ -223,5 +318,8 @@ async fn agent_without_token_exits_with_a_reason() {
     a.start(Some("mfet_not-a-token"));
     let (code, line) = a.wait_exit().await;
     assert_ne!(code, 0);
-    assert!(line.contains("enrolment refused (401 invalid_token)"), "{line}");
+    assert!(
+        line.contains("enrolment refused (401 invalid_token)"),
+        "{line}"
+    );
 }

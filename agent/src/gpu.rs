@@ -14,7 +14,7 @@ use modelforge_proto::wire::Telemetry;
 use serde::Deserialize;
 
 pub enum GpuSource {
-    Nvml(Option<nvml_wrapper::Nvml>, String),
+    Nvml(Option<Box<nvml_wrapper::Nvml>>, String),
     Simulated { count: u32, seed: u64 },
     File(PathBuf),
 }
@@ -25,7 +25,7 @@ impl GpuSource {
     pub fn open(spec: &str, hostname: &str) -> anyhow::Result<Self> {
         if spec == "nvml" {
             return Ok(match nvml_wrapper::Nvml::init() {
-                Ok(n) => GpuSource::Nvml(Some(n), "ok".into()),
+                Ok(n) => GpuSource::Nvml(Some(Box::new(n)), "ok".into()),
                 Err(nvml_wrapper::error::NvmlError::LibloadingError(e)) => {
                     tracing::warn!(error = %e, "NVML is absent: reporting no accelerators");
                     GpuSource::Nvml(None, "absent".into())
@@ -37,11 +37,16 @@ impl GpuSource {
             });
         }
         if let Some(n) = spec.strip_prefix("simulated:") {
-            let count: u32 = n.parse().with_context(|| format!("--gpu-source {spec}: count must be a number"))?;
+            let count: u32 = n
+                .parse()
+                .with_context(|| format!("--gpu-source {spec}: count must be a number"))?;
             if count > 64 {
                 bail!("--gpu-source {spec}: at most 64 simulated GPUs");
             }
-            return Ok(GpuSource::Simulated { count, seed: fnv(hostname.as_bytes()) });
+            return Ok(GpuSource::Simulated {
+                count,
+                seed: fnv(hostname.as_bytes()),
+            });
         }
         if let Some(p) = spec.strip_prefix("file:") {
             let path = PathBuf::from(p);
@@ -54,7 +59,10 @@ impl GpuSource {
     /// The current inventory (without storage roots, which the caller adds).
     pub fn inventory(&self) -> Inventory {
         match self {
-            GpuSource::Nvml(None, status) => Inventory { nvml: Some(status.clone()), ..Default::default() },
+            GpuSource::Nvml(None, status) => Inventory {
+                nvml: Some(status.clone()),
+                ..Default::default()
+            },
             GpuSource::Nvml(Some(n), _) => nvml_inventory(n),
             GpuSource::Simulated { count, seed } => Inventory {
                 accelerators: (0..*count).map(|i| simulated_gpu(*seed, i)).collect(),
@@ -65,13 +73,20 @@ impl GpuSource {
             },
             GpuSource::File(path) => match read_fixture(path) {
                 Ok(f) => Inventory {
-                    accelerators: f.accelerators.iter().map(|a| a.accelerator.clone()).collect(),
+                    accelerators: f
+                        .accelerators
+                        .iter()
+                        .map(|a| a.accelerator.clone())
+                        .collect(),
                     storage_roots: f.storage_roots,
                     driver_version: f.driver_version,
                     cuda_version: f.cuda_version,
                     nvml: Some(f.nvml.unwrap_or_else(|| "fixture".into())),
                 },
-                Err(e) => Inventory { nvml: Some(format!("error: fixture {}: {e}", path.display())), ..Default::default() },
+                Err(e) => Inventory {
+                    nvml: Some(format!("error: fixture {}: {e}", path.display())),
+                    ..Default::default()
+                },
             },
         }
     }
@@ -83,7 +98,9 @@ impl GpuSource {
             GpuSource::Nvml(None, _) => Telemetry::default(),
             GpuSource::Nvml(Some(n), _) => nvml_telemetry(n),
             GpuSource::Simulated { count, seed } => Telemetry {
-                accelerators: (0..*count).map(|i| simulated_telemetry(&simulated_gpu(*seed, i), i, t)).collect(),
+                accelerators: (0..*count)
+                    .map(|i| simulated_telemetry(&simulated_gpu(*seed, i), i, t))
+                    .collect(),
             },
             GpuSource::File(path) => match read_fixture(path) {
                 Ok(f) => Telemetry {
@@ -98,7 +115,8 @@ impl GpuSource {
                             sim.memory_used_mib = fx.memory_used_mib.or(sim.memory_used_mib);
                             sim.temperature_c = fx.temperature_c.or(sim.temperature_c);
                             sim.power_draw_w = fx.power_draw_w.or(sim.power_draw_w);
-                            sim.ecc_errors_uncorrected = fx.ecc_errors_uncorrected.or(sim.ecc_errors_uncorrected);
+                            sim.ecc_errors_uncorrected =
+                                fx.ecc_errors_uncorrected.or(sim.ecc_errors_uncorrected);
                             if !fx.processes.is_empty() {
                                 sim.processes = fx.processes.clone();
                             }
@@ -135,12 +153,16 @@ struct FixtureGpu {
 }
 
 fn read_fixture(path: &PathBuf) -> anyhow::Result<Fixture> {
-    let bytes = std::fs::read(path).with_context(|| format!("read GPU fixture {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("GPU fixture {} is not a valid inventory", path.display()))
+    let bytes =
+        std::fs::read(path).with_context(|| format!("read GPU fixture {}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("GPU fixture {} is not a valid inventory", path.display()))
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn simulated_gpu(seed: u64, i: u32) -> Accelerator {
@@ -148,7 +170,14 @@ fn simulated_gpu(seed: u64, i: u32) -> Accelerator {
     let b = fnv(&a.to_le_bytes());
     let h = format!("{a:016x}{b:016x}");
     Accelerator {
-        uuid: format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]),
+        uuid: format!(
+            "GPU-{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        ),
         name: "NVIDIA H200 (simulated)".into(),
         memory_total_mib: Some(143_771),
         pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
@@ -177,7 +206,11 @@ fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
     let mut inv = Inventory {
         driver_version: n.sys_driver_version().ok(),
         cuda_version: n.sys_cuda_driver_version().ok().map(|v| {
-            format!("{}.{}", nvml_wrapper::cuda_driver_version_major(v), nvml_wrapper::cuda_driver_version_minor(v))
+            format!(
+                "{}.{}",
+                nvml_wrapper::cuda_driver_version_major(v),
+                nvml_wrapper::cuda_driver_version_minor(v)
+            )
         }),
         nvml: Some("ok".into()),
         ..Default::default()
@@ -223,7 +256,9 @@ fn nvml_telemetry(n: &nvml_wrapper::Nvml) -> Telemetry {
     let count = n.device_count().unwrap_or(0);
     let mut out = Telemetry::default();
     for i in 0..count {
-        let Ok(d) = n.device_by_index(i) else { continue };
+        let Ok(d) = n.device_by_index(i) else {
+            continue;
+        };
         let mib = |b: u64| (b / (1024 * 1024)) as f64;
         out.accelerators.push(AcceleratorTelemetry {
             uuid: d.uuid().ok(),
@@ -231,7 +266,9 @@ fn nvml_telemetry(n: &nvml_wrapper::Nvml) -> Telemetry {
             memory_used_mib: d.memory_info().ok().map(|m| mib(m.used)),
             temperature_c: d.temperature(TemperatureSensor::Gpu).ok().map(|t| t as f64),
             power_draw_w: d.power_usage().ok().map(|mw| mw as f64 / 1000.0),
-            ecc_errors_uncorrected: d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
+            ecc_errors_uncorrected: d
+                .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok(),
             processes: d
                 .running_compute_processes()
                 .unwrap_or_default()
@@ -255,7 +292,11 @@ pub fn storage_roots(paths: &[PathBuf]) -> Vec<StorageRoot> {
         .iter()
         .map(|p| {
             let (capacity_bytes, free_bytes) = statvfs(p).unwrap_or((0, 0));
-            StorageRoot { path: p.display().to_string(), capacity_bytes, free_bytes }
+            StorageRoot {
+                path: p.display().to_string(),
+                capacity_bytes,
+                free_bytes,
+            }
         })
         .collect()
 }

@@ -23,10 +23,19 @@ use crate::state_dir::StateDir;
 #[command(name = "modelforge-agent", version, about = "ModelForge node agent")]
 struct Args {
     /// Control-plane member URLs, comma-separated; the agent fails over between them.
-    #[arg(long, env = "MODELFORGE_CONTROL_PLANE", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        env = "MODELFORGE_CONTROL_PLANE",
+        value_delimiter = ',',
+        required = true
+    )]
     control_plane: Vec<String>,
     /// Holds identity.json and credential.
-    #[arg(long, env = "MODELFORGE_STATE_DIR", default_value = "./modelforge-agent")]
+    #[arg(
+        long,
+        env = "MODELFORGE_STATE_DIR",
+        default_value = "./modelforge-agent"
+    )]
     state_dir: PathBuf,
     /// Used only when the agent has no working credential.
     #[arg(long, env = "MODELFORGE_ENROLLMENT_TOKEN", hide_env_values = true)]
@@ -63,16 +72,34 @@ struct ControlPlane {
 
 impl ControlPlane {
     fn new(urls: Vec<String>) -> anyhow::Result<Self> {
-        let urls: Vec<String> = urls.into_iter().map(|u| u.trim().trim_end_matches('/').to_string()).filter(|u| !u.is_empty()).collect();
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
         if urls.is_empty() {
             anyhow::bail!("--control-plane needs at least one URL");
         }
-        let http = reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(20)).build()?;
-        Ok(Self { urls, current: 0, http })
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(20))
+            .build()?;
+        Ok(Self {
+            urls,
+            current: 0,
+            http,
+        })
     }
 
     /// Send to the current member; on no answer or 5xx, try the others once each.
-    async fn call(&mut self, method: reqwest::Method, path: &str, bearer: Option<&str>, body: &impl serde::Serialize) -> Reply {
+    async fn call(
+        &mut self,
+        method: reqwest::Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: &impl serde::Serialize,
+    ) -> Reply {
         let mut last = Reply::Unreachable("no control-plane URL".into());
         for _ in 0..self.urls.len() {
             let url = format!("{}{path}", self.urls[self.current]);
@@ -116,7 +143,11 @@ struct Agent {
 impl Agent {
     fn inventory(&self) -> Inventory {
         let mut inv = self.gpus.inventory();
-        let roots = if self.args.storage_roots.is_empty() { vec![self.args.state_dir.clone()] } else { self.args.storage_roots.clone() };
+        let roots = if self.args.storage_roots.is_empty() {
+            vec![self.args.state_dir.clone()]
+        } else {
+            self.args.storage_roots.clone()
+        };
         if inv.storage_roots.is_empty() {
             inv.storage_roots = gpu::storage_roots(&roots);
         }
@@ -130,11 +161,26 @@ impl Agent {
         let deadline = tokio::time::Instant::now() + self.args.enroll_timeout;
         let mut backoff = Duration::from_millis(200);
         loop {
-            let proof = self.state.key.prove(&token_id, &self.hostname, modelforge_proto::now_ms(), self.state.node_id.clone());
-            let req = EnrollRequest { token: token.to_string(), hostname: self.hostname.clone(), identity: proof, inventory: self.inventory() };
-            match self.cp.call(reqwest::Method::POST, "/api/v1/agent/enroll", None, &req).await {
+            let proof = self.state.key.prove(
+                &token_id,
+                &self.hostname,
+                modelforge_proto::now_ms(),
+                self.state.node_id.clone(),
+            );
+            let req = EnrollRequest {
+                token: token.to_string(),
+                hostname: self.hostname.clone(),
+                identity: proof,
+                inventory: self.inventory(),
+            };
+            match self
+                .cp
+                .call(reqwest::Method::POST, "/api/v1/agent/enroll", None, &req)
+                .await
+            {
                 Reply::Ok(v) => {
-                    let resp: EnrollResponse = serde_json::from_value(v).map_err(|e| anyhow!("enrolment answer unreadable: {e}"))?;
+                    let resp: EnrollResponse = serde_json::from_value(v)
+                        .map_err(|e| anyhow!("enrolment answer unreadable: {e}"))?;
                     self.state.save_credential(&resp.credential)?;
                     self.state.node_id = Some(resp.node_id.clone());
                     self.state.save_identity()?;
@@ -166,7 +212,11 @@ impl Agent {
                 _ => {
                     let token = match (&self.args.enrollment_token, self.token_spent) {
                         (Some(t), false) => t.clone(),
-                        _ => return Err(anyhow!("no working credential and no enrolment token to enrol with")),
+                        _ => {
+                            return Err(anyhow!(
+                                "no working credential and no enrolment token to enrol with"
+                            ));
+                        }
                     };
                     let c = self.enroll(&token).await?;
                     sent_inventory = Some(self.inventory());
@@ -174,20 +224,34 @@ impl Agent {
                 }
             };
             let node_id = self.state.node_id.clone().expect("enrolled");
-            match self.heartbeat_loop(&node_id, &cred, &mut sent_inventory).await {
+            match self
+                .heartbeat_loop(&node_id, &cred, &mut sent_inventory)
+                .await
+            {
                 Refusal::Unauthorized(why) => {
                     self.state.forget_credential();
                     if self.args.enrollment_token.is_none() || self.token_spent {
-                        return Err(anyhow!("credential refused (401 {why}) and no enrolment token to re-enrol with"));
+                        return Err(anyhow!(
+                            "credential refused (401 {why}) and no enrolment token to re-enrol with"
+                        ));
                     }
                     tracing::warn!(reason = %why, "credential refused: re-enrolling with the token");
                 }
-                Refusal::Forbidden(why) => return Err(anyhow!("credential refused (403 {why}): it is not authorised for node {node_id}")),
+                Refusal::Forbidden(why) => {
+                    return Err(anyhow!(
+                        "credential refused (403 {why}): it is not authorised for node {node_id}"
+                    ));
+                }
             }
         }
     }
 
-    async fn heartbeat_loop(&mut self, node_id: &str, cred: &str, sent: &mut Option<Inventory>) -> Refusal {
+    async fn heartbeat_loop(
+        &mut self,
+        node_id: &str,
+        cred: &str,
+        sent: &mut Option<Inventory>,
+    ) -> Refusal {
         let path = format!("/api/v1/agent/nodes/{node_id}/heartbeat");
         let mut tick = tokio::time::interval(self.args.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -196,20 +260,34 @@ impl Agent {
             let inv = self.inventory();
             if sent.as_ref() != Some(&inv) {
                 let ipath = format!("/api/v1/agent/nodes/{node_id}/inventory");
-                match self.cp.call(reqwest::Method::PUT, &ipath, Some(cred), &inv).await {
+                match self
+                    .cp
+                    .call(reqwest::Method::PUT, &ipath, Some(cred), &inv)
+                    .await
+                {
                     Reply::Ok(..) => *sent = Some(inv),
                     Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),
                     Reply::Refused(403, code, _) => return Refusal::Forbidden(code),
-                    Reply::Refused(s, code, m) => tracing::warn!(status = s, code, message = m, "inventory refused"),
-                    Reply::Unreachable(why) => tracing::warn!(reason = %why, "inventory not delivered"),
+                    Reply::Refused(s, code, m) => {
+                        tracing::warn!(status = s, code, message = m, "inventory refused")
+                    }
+                    Reply::Unreachable(why) => {
+                        tracing::warn!(reason = %why, "inventory not delivered")
+                    }
                 }
             }
             let telemetry = self.gpus.telemetry();
-            match self.cp.call(reqwest::Method::POST, &path, Some(cred), &telemetry).await {
+            match self
+                .cp
+                .call(reqwest::Method::POST, &path, Some(cred), &telemetry)
+                .await
+            {
                 Reply::Ok(..) => tracing::debug!("heartbeat ok"),
                 Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),
                 Reply::Refused(403, code, _) => return Refusal::Forbidden(code),
-                Reply::Refused(s, code, m) => tracing::warn!(status = s, code, message = m, "heartbeat refused"),
+                Reply::Refused(s, code, m) => {
+                    tracing::warn!(status = s, code, message = m, "heartbeat refused")
+                }
                 Reply::Unreachable(why) => tracing::warn!(reason = %why, "heartbeat not delivered"),
             }
         }
@@ -237,20 +315,31 @@ async fn start(args: Args) -> anyhow::Result<()> {
     let state = StateDir::open(&args.state_dir)?;
     let gpus = GpuSource::open(&args.gpu_source, &hostname)?;
     let cp = ControlPlane::new(args.control_plane.clone())?;
-    let mut agent = Agent { args, hostname, state, gpus, cp, token_spent: false };
+    let mut agent = Agent {
+        args,
+        hostname,
+        state,
+        gpus,
+        cp,
+        token_spent: false,
+    };
     agent.run().await
 }
 
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("MODELFORGE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_env("MODELFORGE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).expect("install SIGINT handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install SIGTERM handler");
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .expect("install SIGINT handler");
     let code = tokio::select! {
         r = start(args) => match r {
             Ok(()) => 0,

@@ -49,16 +49,24 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 impl StateDir {
     /// Load the identity, or create and persist a new one.
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("create state dir {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("create state dir {}", dir.display()))?;
         let path = dir.join("identity.json");
         if path.exists() {
             let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-            let f: IdentityFile = serde_json::from_slice(&bytes).with_context(|| format!("{} is not a valid identity file", path.display()))?;
-            let key = IdentityKey::from_secret_hex(&f.secret_key).with_context(|| format!("{}: bad secret_key", path.display()))?;
+            let f: IdentityFile = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} is not a valid identity file", path.display()))?;
+            let key = IdentityKey::from_secret_hex(&f.secret_key)
+                .with_context(|| format!("{}: bad secret_key", path.display()))?;
             if key.public_hex() != f.public_key {
                 anyhow::bail!("{}: public_key does not match secret_key", path.display());
             }
-            return Ok(Self { dir: dir.to_path_buf(), key, node_id: f.node_id, created_at: f.created_at });
+            return Ok(Self {
+                dir: dir.to_path_buf(),
+                key,
+                node_id: f.node_id,
+                created_at: f.created_at,
+            });
         }
         let s = Self {
             dir: dir.to_path_buf(),
@@ -78,11 +86,17 @@ impl StateDir {
             secret_key: self.key.secret_hex(),
             created_at: self.created_at.clone(),
         };
-        write_private(&self.dir.join("identity.json"), &serde_json::to_vec_pretty(&f)?)
+        write_private(
+            &self.dir.join("identity.json"),
+            &serde_json::to_vec_pretty(&f)?,
+        )
     }
 
     pub fn credential(&self) -> Option<String> {
-        std::fs::read_to_string(self.dir.join("credential")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+        std::fs::read_to_string(self.dir.join("credential"))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
     }
 
     pub fn save_credential(&self, credential: &str) -> anyhow::Result<()> {

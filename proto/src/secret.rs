@@ -62,7 +62,11 @@ pub struct Secret {
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Secret({:?}, id={}, secret=<redacted>)", self.kind, self.id)
+        write!(
+            f,
+            "Secret({:?}, id={}, secret=<redacted>)",
+            self.kind, self.id
+        )
     }
 }
 
@@ -87,8 +91,15 @@ impl Secret {
         let b = s.as_bytes();
         let id_end = 5 + ID_HEX;
         let sec_end = id_end + 1 + SECRET_HEX;
-        let is_hex = |r: &[u8]| r.iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
-        if b[id_end] != b'_' || b[sec_end] != b'_' || !is_hex(&b[5..id_end]) || !is_hex(&b[id_end + 1..sec_end]) || !is_hex(&b[sec_end + 1..])
+        let is_hex = |r: &[u8]| {
+            r.iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        };
+        if b[id_end] != b'_'
+            || b[sec_end] != b'_'
+            || !is_hex(&b[5..id_end])
+            || !is_hex(&b[id_end + 1..sec_end])
+            || !is_hex(&b[sec_end + 1..])
         {
             return Err(SecretError::BadCharacters);
         }
@@ -96,7 +107,11 @@ impl Secret {
         if crc.as_bytes() != &b[sec_end + 1..] {
             return Err(SecretError::BadChecksum);
         }
-        Ok(Self { kind, id: s[5..id_end].to_string(), full: s.to_string() })
+        Ok(Self {
+            kind,
+            id: s[5..id_end].to_string(),
+            full: s.to_string(),
+        })
     }
 
     pub fn kind(&self) -> SecretKind {
@@ -129,15 +144,31 @@ mod tests {
         assert_eq!(s.expose().len(), SECRET_LEN);
         let p = Secret::parse(SecretKind::NodeCredential, s.expose()).unwrap();
         assert_eq!(p.id(), s.id());
-        assert_eq!(Secret::parse(SecretKind::EnrollmentToken, s.expose()), Err(SecretError::WrongPrefix));
+        assert_eq!(
+            Secret::parse(SecretKind::EnrollmentToken, s.expose()),
+            Err(SecretError::WrongPrefix)
+        );
         let mut t = s.expose().to_string();
         let last_secret = 5 + 32 + 1 + 10;
-        let c = if &t[last_secret..last_secret + 1] == "0" { "1" } else { "0" };
+        let c = if &t[last_secret..last_secret + 1] == "0" {
+            "1"
+        } else {
+            "0"
+        };
         t.replace_range(last_secret..last_secret + 1, c);
-        assert_eq!(Secret::parse(SecretKind::NodeCredential, &t), Err(SecretError::BadChecksum));
-        assert_eq!(Secret::parse(SecretKind::NodeCredential, "mfnc_abc"), Err(SecretError::WrongLength));
+        assert_eq!(
+            Secret::parse(SecretKind::NodeCredential, &t),
+            Err(SecretError::BadChecksum)
+        );
+        assert_eq!(
+            Secret::parse(SecretKind::NodeCredential, "mfnc_abc"),
+            Err(SecretError::WrongLength)
+        );
         let upper = s.expose().to_uppercase().replacen("MFNC_", "mfnc_", 1);
-        assert_eq!(Secret::parse(SecretKind::NodeCredential, &upper), Err(SecretError::BadCharacters));
+        assert_eq!(
+            Secret::parse(SecretKind::NodeCredential, &upper),
+            Err(SecretError::BadCharacters)
+        );
         assert!(!format!("{s:?}").contains(&s.expose()[38..]));
     }
 }

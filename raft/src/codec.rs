@@ -39,7 +39,8 @@ fn config() -> impl bincode::config::Config {
 /// Encode `value` behind the format version byte.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_VERSION];
-    bincode::serde::encode_into_std_write(value, &mut out, config()).map_err(|e| CodecError::Encode(e.to_string()))?;
+    bincode::serde::encode_into_std_write(value, &mut out, config())
+        .map_err(|e| CodecError::Encode(e.to_string()))?;
     Ok(out)
 }
 
@@ -47,10 +48,13 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     if version != FORMAT_VERSION {
-        return Err(CodecError::Version { found: version, expected: FORMAT_VERSION });
+        return Err(CodecError::Version {
+            found: version,
+            expected: FORMAT_VERSION,
+        });
     }
-    let (value, read) =
-        bincode::serde::decode_from_slice(body, config()).map_err(|e| CodecError::Decode(e.to_string()))?;
+    let (value, read) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|e| CodecError::Decode(e.to_string()))?;
     if read != body.len() {
         return Err(CodecError::Trailing(body.len() - read));
     }
@@ -70,18 +74,28 @@ mod tests {
 
     #[test]
     fn round_trips_and_refuses_other_versions() {
-        let v = Sample { a: 7, b: Some("x".into()), c: vec![1, 2, 3] };
+        let v = Sample {
+            a: 7,
+            b: Some("x".into()),
+            c: vec![1, 2, 3],
+        };
         let bytes = encode(&v).unwrap();
         assert_eq!(bytes[0], FORMAT_VERSION);
         assert_eq!(decode::<Sample>(&bytes).unwrap(), v);
 
         let mut other = bytes.clone();
         other[0] = FORMAT_VERSION + 1;
-        assert!(matches!(decode::<Sample>(&other), Err(CodecError::Version { .. })));
+        assert!(matches!(
+            decode::<Sample>(&other),
+            Err(CodecError::Version { .. })
+        ));
 
         let mut trailing = bytes.clone();
         trailing.push(0);
-        assert!(matches!(decode::<Sample>(&trailing), Err(CodecError::Trailing(1))));
+        assert!(matches!(
+            decode::<Sample>(&trailing),
+            Err(CodecError::Trailing(1))
+        ));
         assert!(matches!(decode::<Sample>(&[]), Err(CodecError::Empty)));
         assert!(decode::<Sample>(&bytes[..2]).is_err());
     }

@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::BasicNode;
-use openraft::async_runtime::WatchReceiver;
 use openraft::ReadPolicy;
 use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
 use openraft::errors::RaftError;
 use serde::Deserialize;
@@ -149,7 +149,10 @@ pub struct Consensus<A: Application> {
 
 impl<A: Application> Clone for Consensus<A> {
     fn clone(&self) -> Self {
-        Self { raft: self.raft.clone(), id: self.id }
+        Self {
+            raft: self.raft.clone(),
+            id: self.id,
+        }
     }
 }
 
@@ -172,9 +175,15 @@ impl<A: Application> Consensus<A> {
             install_snapshot_timeout: 10_000,
             ..Default::default()
         };
-        let config = Arc::new(config.validate().map_err(|e| anyhow_like::Error(e.to_string()))?);
-        std::fs::create_dir_all(dir).map_err(|e| anyhow_like::Error(format!("create {}: {e}", dir.display())))?;
-        let log = LogStore::open(&dir.join("raft-log.redb")).map_err(|e| anyhow_like::Error(e.to_string()))?;
+        let config = Arc::new(
+            config
+                .validate()
+                .map_err(|e| anyhow_like::Error(e.to_string()))?,
+        );
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow_like::Error(format!("create {}: {e}", dir.display())))?;
+        let log = LogStore::open(&dir.join("raft-log.redb"))
+            .map_err(|e| anyhow_like::Error(e.to_string()))?;
         let sm = StateMachine::open(dir, app).map_err(|e| anyhow_like::Error(e.to_string()))?;
         let raft = openraft::Raft::new(id, config, network, log, sm)
             .await
@@ -194,8 +203,10 @@ impl<A: Application> Consensus<A> {
     /// Form a cluster of exactly `members` (id -> URL). Calling it on several pristine members
     /// with the same list is safe; on an initialised member it does nothing.
     pub async fn initialize(&self, members: &BTreeMap<u64, String>) -> Result<(), String> {
-        let nodes: BTreeMap<u64, BasicNode> =
-            members.iter().map(|(id, url)| (*id, BasicNode { addr: url.clone() })).collect();
+        let nodes: BTreeMap<u64, BasicNode> = members
+            .iter()
+            .map(|(id, url)| (*id, BasicNode { addr: url.clone() }))
+            .collect();
         match self.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(openraft::errors::InitializeError::NotAllowed(_))) => Ok(()),
@@ -207,12 +218,14 @@ impl<A: Application> Consensus<A> {
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>, WriteError> {
         match self.raft.client_write(AppRequest(command)).await {
             Ok(resp) => Ok(resp.data.0),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(WriteError::NotLeader {
-                leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
-            }),
-            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
-                Err(WriteError::OutcomeUnknown(format!("entry discarded on leader change: {f}")))
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(WriteError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                })
             }
+            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => Err(
+                WriteError::OutcomeUnknown(format!("entry discarded on leader change: {f}")),
+            ),
             Err(RaftError::APIError(e)) => Err(WriteError::Fatal(e.to_string())),
             Err(RaftError::Fatal(e)) => Err(WriteError::Fatal(e.to_string())),
         }
@@ -232,9 +245,11 @@ impl<A: Application> Consensus<A> {
     async fn linearize(&self, policy: ReadPolicy) -> Result<(), ReadError> {
         match self.raft.ensure_linearizable(policy).await {
             Ok(_) => Ok(()),
-            Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
-                Err(ReadError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) })
-            }
+            Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(
+                f,
+            ))) => Err(ReadError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+            }),
             Err(e) => Err(ReadError::Unavailable(e.to_string())),
         }
     }
@@ -261,9 +276,15 @@ impl<A: Application> Consensus<A> {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let members = membership
             .nodes()
-            .map(|(id, node)| MemberView { id: *id, url: node.addr.clone(), voter: voters.contains(id) })
+            .map(|(id, node)| MemberView {
+                id: *id,
+                url: node.addr.clone(),
+                voter: voters.contains(id),
+            })
             .collect();
-        let leader_url = m.current_leader.and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
+        let leader_url = m
+            .current_leader
+            .and_then(|id| membership.get_node(&id).map(|n| n.addr.clone()));
         ClusterStatus {
             id: self.id,
             leader_id: m.current_leader,
@@ -286,20 +307,31 @@ impl<A: Application> Consensus<A> {
             if pred(&self.status()) {
                 return true;
             }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
                 return pred(&self.status());
             }
         }
     }
 
     /// Answer a peer RPC (already authenticated by the caller); the body is codec-encoded.
-    pub async fn handle_peer_rpc(&self, kind: &str, body: &[u8]) -> Result<Vec<u8>, network::PeerRpcError> {
+    pub async fn handle_peer_rpc(
+        &self,
+        kind: &str,
+        body: &[u8],
+    ) -> Result<Vec<u8>, network::PeerRpcError> {
         network::serve(&self.raft, kind, body).await
     }
 
     /// Ask for a snapshot now (tests and operators).
     pub async fn trigger_snapshot(&self) -> Result<(), String> {
-        self.raft.trigger().snapshot().await.map_err(|e| e.to_string())
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| e.to_string())
     }
 
     pub async fn shutdown(&self) {

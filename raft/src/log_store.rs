@@ -99,14 +99,20 @@ pub struct LogStore {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("raft log {path}: {source}")]
-    Db { path: PathBuf, source: Box<dyn std::error::Error + Send + Sync> },
+    Db {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error(
         "raft log {0} opened without the vote it is known to have held (marker file present): refusing to start, \
          because a forgotten vote or log breaks Raft's safety; restore the data dir or replace this member"
     )]
     LostState(PathBuf),
     #[error("raft log {path}: record does not decode: {source}")]
-    Decode { path: PathBuf, source: codec::CodecError },
+    Decode {
+        path: PathBuf,
+        source: codec::CodecError,
+    },
 }
 
 fn marker_path(path: &Path) -> PathBuf {
@@ -116,7 +122,10 @@ fn marker_path(path: &Path) -> PathBuf {
 impl LogStore {
     /// Open (or create) the log at `path` and start its writer thread.
     pub fn open(path: &Path) -> Result<Self, OpenError> {
-        let db_err = |e: Box<dyn std::error::Error + Send + Sync>| OpenError::Db { path: path.to_path_buf(), source: e };
+        let db_err = |e: Box<dyn std::error::Error + Send + Sync>| OpenError::Db {
+            path: path.to_path_buf(),
+            source: e,
+        };
         let db = redb::Database::create(path).map_err(|e| db_err(e.into()))?;
         {
             let w = db.begin_write().map_err(|e| db_err(e.into()))?;
@@ -124,8 +133,16 @@ impl LogStore {
             w.open_table(META).map_err(|e| db_err(e.into()))?;
             w.commit().map_err(|e| db_err(e.into()))?;
         }
-        let dec = |e| OpenError::Decode { path: path.to_path_buf(), source: e };
-        let mut mirror = Mirror { entries: BTreeMap::new(), vote: None, committed: None, purged: None };
+        let dec = |e| OpenError::Decode {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let mut mirror = Mirror {
+            entries: BTreeMap::new(),
+            vote: None,
+            committed: None,
+            purged: None,
+        };
         {
             let r = db.begin_read().map_err(|e| db_err(e.into()))?;
             let meta = r.open_table(META).map_err(|e| db_err(e.into()))?;
@@ -155,17 +172,26 @@ impl LogStore {
             .name("raft-log-writer".into())
             .spawn(move || writer(db, rx, marker, has_marker))
             .map_err(|e| db_err(e.into()))?;
-        Ok(Self { shared: Arc::new(Shared { mirror: RwLock::new(mirror), tx }) })
+        Ok(Self {
+            shared: Arc::new(Shared {
+                mirror: RwLock::new(mirror),
+                tx,
+            }),
+        })
     }
 
     fn submit(&self, op: Op, done: Done) -> io::Result<()> {
-        self.shared.tx.send((op, done)).map_err(|_| io::Error::other("raft log writer thread is gone"))
+        self.shared
+            .tx
+            .send((op, done))
+            .map_err(|_| io::Error::other("raft log writer thread is gone"))
     }
 
     async fn submit_and_wait(&self, op: Op) -> io::Result<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.submit(op, Done::Reply(tx))?;
-        rx.await.map_err(|_| io::Error::other("raft log writer thread is gone"))?
+        rx.await
+            .map_err(|_| io::Error::other("raft log writer thread is gone"))?
     }
 
     fn mirror(&self) -> std::sync::RwLockReadGuard<'_, Mirror> {
@@ -173,12 +199,20 @@ impl LogStore {
     }
 
     fn mirror_mut(&self) -> std::sync::RwLockWriteGuard<'_, Mirror> {
-        self.shared.mirror.write().unwrap_or_else(|p| p.into_inner())
+        self.shared
+            .mirror
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// The writer thread: drain, write one transaction, fsync, then complete callbacks in order.
-fn writer(db: redb::Database, rx: mpsc::Receiver<(Op, Done)>, marker: PathBuf, mut has_marker: bool) {
+fn writer(
+    db: redb::Database,
+    rx: mpsc::Receiver<(Op, Done)>,
+    marker: PathBuf,
+    mut has_marker: bool,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_OPS {
@@ -187,10 +221,13 @@ fn writer(db: redb::Database, rx: mpsc::Receiver<(Op, Done)>, marker: PathBuf, m
                 Err(_) => break,
             }
         }
-        let wrote_vote = batch.iter().any(|(op, _)| matches!(op, Op::Put(KEY_VOTE, _)));
+        let wrote_vote = batch
+            .iter()
+            .any(|(op, _)| matches!(op, Op::Put(KEY_VOTE, _)));
         let mut result = write_batch(&db, &batch).map_err(|e| e.to_string());
         if result.is_ok() && wrote_vote && !has_marker {
-            result = write_marker(&marker).map_err(|e| format!("write marker {}: {e}", marker.display()));
+            result = write_marker(&marker)
+                .map_err(|e| format!("write marker {}: {e}", marker.display()));
             has_marker = result.is_ok();
         }
         if let Err(e) = &result {
@@ -211,7 +248,10 @@ fn write_marker(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn write_batch(db: &redb::Database, batch: &[(Op, Done)]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+fn write_batch(
+    db: &redb::Database,
+    batch: &[(Op, Done)],
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let txn = db.begin_write()?;
     {
         let mut log = txn.open_table(LOG)?;
@@ -259,8 +299,16 @@ impl RaftLogStorage<C> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
         let m = self.mirror();
-        let last = m.entries.values().next_back().map(|e| e.log_id()).or(m.purged);
-        Ok(LogState { last_purged_log_id: m.purged, last_log_id: last })
+        let last = m
+            .entries
+            .values()
+            .next_back()
+            .map(|e| e.log_id())
+            .or(m.purged);
+        Ok(LogState {
+            last_purged_log_id: m.purged,
+            last_log_id: last,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -318,6 +366,7 @@ impl RaftLogStorage<C> for LogStore {
             m.entries = keep;
             m.purged = Some(log_id);
         }
-        self.submit_and_wait(Op::PurgeUpTo(log_id.index(), bytes)).await
+        self.submit_and_wait(Op::PurgeUpTo(log_id.index(), bytes))
+            .await
     }
 }

@@ -67,7 +67,11 @@ impl RaftNetworkFactory<C> for PeerNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
-        PeerClient { target, base: node.addr.trim_end_matches('/').to_string(), net: self.clone() }
+        PeerClient {
+            target,
+            base: node.addr.trim_end_matches('/').to_string(),
+            net: self.clone(),
+        }
     }
 }
 
@@ -104,10 +108,17 @@ impl PeerClient {
                 }
             })?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes);
-            let msg = format!("peer {} answered {status} to {kind}: {}", self.target, text.chars().take(200).collect::<String>());
+            let msg = format!(
+                "peer {} answered {status} to {kind}: {}",
+                self.target,
+                text.chars().take(200).collect::<String>()
+            );
             return Err(RPCError::Network(NetworkError::from_string(msg)));
         }
         codec::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))
@@ -125,11 +136,19 @@ impl RaftNetworkV2<C> for PeerClient {
         self.call("append", &rpc, option.soft_ttl()).await
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<C>, option: RPCOption) -> Result<VoteResponse<C>, RPCError<C>> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<C>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
         self.call("vote", &rpc, option.soft_ttl()).await
     }
 
-    async fn pre_vote(&mut self, rpc: VoteRequest<C>, option: RPCOption) -> Result<VoteResponse<C>, RPCError<C>> {
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<C>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
         self.call("pre-vote", &rpc, option.soft_ttl()).await
     }
 
@@ -169,7 +188,11 @@ fn encode_reply<T: Serialize>(v: &T) -> Result<Vec<u8>, PeerRpcError> {
 }
 
 /// Serve one peer RPC of kind `kind` against the local Raft member.
-pub async fn serve<A: Application>(raft: &Raft<A>, kind: &str, body: &[u8]) -> Result<Vec<u8>, PeerRpcError> {
+pub async fn serve<A: Application>(
+    raft: &Raft<A>,
+    kind: &str,
+    body: &[u8],
+) -> Result<Vec<u8>, PeerRpcError> {
     let raft_err = |e: &dyn std::fmt::Display| PeerRpcError::Raft(e.to_string());
     match kind {
         "append" => {
@@ -186,8 +209,16 @@ pub async fn serve<A: Application>(raft: &Raft<A>, kind: &str, body: &[u8]) -> R
         }
         "snapshot" => {
             let (vote, meta, data): (VoteOf<C>, SnapshotMetaOf<C>, Vec<u8>) = decode_body(body)?;
-            let snapshot = Snapshot { meta, snapshot: Cursor::new(data) };
-            encode_reply(&raft.install_full_snapshot(vote, snapshot).await.map_err(|e| raft_err(&e))?)
+            let snapshot = Snapshot {
+                meta,
+                snapshot: Cursor::new(data),
+            };
+            encode_reply(
+                &raft
+                    .install_full_snapshot(vote, snapshot)
+                    .await
+                    .map_err(|e| raft_err(&e))?,
+            )
         }
         other => Err(PeerRpcError::Unknown(other.to_string())),
     }

@@ -57,21 +57,32 @@ pub struct StateMachine<A: Application> {
 
 impl<A: Application> Clone for StateMachine<A> {
     fn clone(&self) -> Self {
-        Self { app: self.app.clone(), applied: self.applied.clone(), dir: self.dir.clone() }
+        Self {
+            app: self.app.clone(),
+            applied: self.applied.clone(),
+            dir: self.dir.clone(),
+        }
     }
 }
 
 impl<A: Application> StateMachine<A> {
     /// Load the snapshot under `dir`, if any, into `app`.
     pub fn open(dir: &Path, app: Arc<A>) -> io::Result<Self> {
-        let mut applied = Applied { last_applied: None, membership: Default::default() };
+        let mut applied = Applied {
+            last_applied: None,
+            membership: Default::default(),
+        };
         if let Some(file) = read_snapshot_file(dir)? {
             app.restore(&file.data)?;
             applied.last_applied = file.meta.last_log_id;
             applied.membership = file.meta.last_membership.clone();
             tracing::info!(last_log_id = ?file.meta.last_log_id, "loaded snapshot");
         }
-        Ok(Self { app, applied: Arc::new(tokio::sync::Mutex::new(applied)), dir: dir.to_path_buf() })
+        Ok(Self {
+            app,
+            applied: Arc::new(tokio::sync::Mutex::new(applied)),
+            dir: dir.to_path_buf(),
+        })
     }
 }
 
@@ -83,12 +94,18 @@ fn read_snapshot_file(dir: &Path) -> io::Result<Option<SnapshotFile>> {
         Err(e) => return Err(e),
     };
     if bytes.len() < 4 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is truncated", path.display())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is truncated", path.display()),
+        ));
     }
     let (crc, body) = bytes.split_at(4);
     let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     if crc32fast::hash(body) != crc {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} fails its checksum", path.display())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} fails its checksum", path.display()),
+        ));
     }
     Ok(Some(codec::decode(body)?))
 }
@@ -122,13 +139,20 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
             };
             (meta, data)
         };
-        let file = SnapshotFile { meta: meta.clone(), data };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data,
+        };
         let dir = self.dir.clone();
-        let file = tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file).map(|_| file))
-            .await
-            .map_err(io::Error::other)??;
+        let file =
+            tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file).map(|_| file))
+                .await
+                .map_err(io::Error::other)??;
         tracing::info!(last_log_id = ?meta.last_log_id, bytes = file.data.len(), "built snapshot");
-        Ok(SnapshotOf::<C, Cursor<Vec<u8>>> { meta, snapshot: Cursor::new(file.data) })
+        Ok(SnapshotOf::<C, Cursor<Vec<u8>>> {
+            meta,
+            snapshot: Cursor::new(file.data),
+        })
     }
 }
 
@@ -136,20 +160,27 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
     type SnapshotData = Cursor<Vec<u8>>;
     type SnapshotBuilder = Self;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogIdOf<C>>, StoredMembershipOf<C>), io::Error> {
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogIdOf<C>>, StoredMembershipOf<C>), io::Error> {
         let a = self.applied.lock().await;
         Ok((a.last_applied, a.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
-    where Strm: Stream<Item = Result<EntryResponder<C>, io::Error>> + Unpin + OptionalSend {
+    where
+        Strm: Stream<Item = Result<EntryResponder<C>, io::Error>> + Unpin + OptionalSend,
+    {
         let mut applied = self.applied.lock().await;
         while let Some((entry, responder)) = entries.try_next().await? {
             let response = match &entry.payload {
                 EntryPayload::Blank => AppResponse::default(),
-                EntryPayload::Normal(req) => AppResponse(self.app.apply(entry.log_id.index(), &req.0)),
+                EntryPayload::Normal(req) => {
+                    AppResponse(self.app.apply(entry.log_id.index(), &req.0))
+                }
                 EntryPayload::Membership(m) => {
-                    applied.membership = StoredMembershipOf::<C>::new(Some(entry.log_id), m.clone());
+                    applied.membership =
+                        StoredMembershipOf::<C>::new(Some(entry.log_id), m.clone());
                     AppResponse::default()
                 }
             };
@@ -165,22 +196,38 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
         self.clone()
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMetaOf<C>, snapshot: Self::SnapshotData) -> Result<(), io::Error> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMetaOf<C>,
+        snapshot: Self::SnapshotData,
+    ) -> Result<(), io::Error> {
         let data = snapshot.into_inner();
         let mut applied = self.applied.lock().await;
         self.app.restore(&data)?;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
-        let file = SnapshotFile { meta: meta.clone(), data };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data,
+        };
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file)).await.map_err(io::Error::other)??;
+        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file))
+            .await
+            .map_err(io::Error::other)??;
         tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<SnapshotOf<C, Self::SnapshotData>>, io::Error> {
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<SnapshotOf<C, Self::SnapshotData>>, io::Error> {
         let dir = self.dir.clone();
-        let file = tokio::task::spawn_blocking(move || read_snapshot_file(&dir)).await.map_err(io::Error::other)??;
-        Ok(file.map(|f| SnapshotOf::<C, Cursor<Vec<u8>>> { meta: f.meta, snapshot: Cursor::new(f.data) }))
+        let file = tokio::task::spawn_blocking(move || read_snapshot_file(&dir))
+            .await
+            .map_err(io::Error::other)??;
+        Ok(file.map(|f| SnapshotOf::<C, Cursor<Vec<u8>>> {
+            meta: f.meta,
+            snapshot: Cursor::new(f.data),
+        }))
     }
 }

@@ -32,7 +32,10 @@ impl Application for Journal {
 struct Builder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine<Journal>, tempfile::TempDir> for Builder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine<Journal>), StorageError<TypeConfig>> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachine<Journal>), StorageError<TypeConfig>>
+    {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = LogStore::open(&dir.path().join("raft-log.redb")).expect("open log");
         let sm = StateMachine::open(dir.path(), Arc::new(Journal::default())).expect("open sm");

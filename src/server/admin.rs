@@ -31,7 +31,8 @@ use crate::state::State as Replicated;
 const MAX_NOTE_LEN: usize = 1024;
 
 fn ts(ms: Option<i64>) -> Value {
-    ms.map(|m| Value::String(rfc3339_ms(m))).unwrap_or(Value::Null)
+    ms.map(|m| Value::String(rfc3339_ms(m)))
+        .unwrap_or(Value::Null)
 }
 
 #[derive(Deserialize)]
@@ -52,34 +53,66 @@ pub async fn create_enrollment(
     require_admin(&ctx, &headers)?;
     let ttl = req.ttl_seconds.unwrap_or(ctx.cfg.default_token_ttl_s);
     if ttl == 0 || ttl > ctx.cfg.max_token_ttl_s {
-        return Err(ApiError::bad_request("invalid_ttl", format!("ttl_seconds must be between 1 and {}", ctx.cfg.max_token_ttl_s)));
+        return Err(ApiError::bad_request(
+            "invalid_ttl",
+            format!(
+                "ttl_seconds must be between 1 and {}",
+                ctx.cfg.max_token_ttl_s
+            ),
+        ));
     }
-    if req.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_LEN || n.chars().any(|c| c.is_control())) {
-        return Err(ApiError::bad_request("invalid_note", "note must be at most 1024 bytes of printable text"));
+    if req
+        .note
+        .as_ref()
+        .is_some_and(|n| n.len() > MAX_NOTE_LEN || n.chars().any(|c| c.is_control()))
+    {
+        return Err(ApiError::bad_request(
+            "invalid_note",
+            "note must be at most 1024 bytes of printable text",
+        ));
     }
     let rid = request_id(&headers, "admin")?;
     let token = Secret::generate(SecretKind::EnrollmentToken);
     let hash = ctx.hasher.hash(token.expose().to_string()).await?;
-    let cmd = Command::CreateToken { token_id: token.id().to_string(), hash, ttl_ms: (ttl as i64) * 1000, note: req.note };
+    let cmd = Command::CreateToken {
+        token_id: token.id().to_string(),
+        hash,
+        ttl_ms: (ttl as i64) * 1000,
+        note: req.note,
+    };
     match ctx.propose("admin", rid, cmd).await? {
-        Outcome::TokenCreated { token_id, expires_at_ms, .. } if token_id == token.id() => {
+        Outcome::TokenCreated {
+            token_id,
+            expires_at_ms,
+            ..
+        } if token_id == token.id() => {
             tracing::info!(enrollment_id = token_id, "enrolment token created");
             let body = json!({"enrollment_id": token_id, "token": token.expose(), "expires_at": rfc3339_ms(expires_at_ms)});
             Ok((StatusCode::CREATED, axum::Json(body)).into_response())
         }
         // A retry with the same Idempotency-Key: the token was created by the first attempt and
         // its plaintext was shown only then.
-        Outcome::TokenCreated { token_id, expires_at_ms, .. } => Err(ApiError::new(
+        Outcome::TokenCreated {
+            token_id,
+            expires_at_ms,
+            ..
+        } => Err(ApiError::new(
             StatusCode::CONFLICT,
             "already_created",
-            format!("this Idempotency-Key already created enrolment {token_id} (expires {}); its token is shown only once", rfc3339_ms(expires_at_ms)),
+            format!(
+                "this Idempotency-Key already created enrolment {token_id} (expires {}); its token is shown only once",
+                rfc3339_ms(expires_at_ms)
+            ),
         )),
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
     }
 }
 
 /// `GET /api/v1/admin/node-enrollments`: never the token or its hash.
-pub async fn list_enrollments(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn list_enrollments(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     ctx.linearize().await?;
     let now = now_ms();
@@ -104,12 +137,41 @@ pub async fn list_enrollments(State(ctx): State<Shared>, headers: HeaderMap) -> 
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{enrollment_id}`: cancel an unclaimed token.
-pub async fn cancel_enrollment(State(ctx): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn cancel_enrollment(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("enrollment_id", &id)?;
     let rid = request_id(&headers, "admin")?;
-    match ctx.propose("admin", rid, Command::CancelToken { token_id: id }).await? {
-        Outcome::TokenCancelled { token_id } => Ok(axum::Json(json!({"enrollment_id": token_id, "state": "cancelled"})).into_response()),
+    // Refuse what cannot succeed without a replicated write (a bad request changes nothing);
+    // apply decides again, for the races.
+    ctx.linearize().await?;
+    match ctx.app.read().tokens.get(&id) {
+        None => {
+            return Err(ApiError::not_found(
+                "enrollment_not_found",
+                "no enrolment token with this id",
+            ));
+        }
+        Some(t) if t.claim.is_some() => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "enrollment_claimed",
+                "the token was already claimed; revoke the node's credential instead",
+            ));
+        }
+        Some(_) => {}
+    }
+    match ctx
+        .propose("admin", rid, Command::CancelToken { token_id: id })
+        .await?
+    {
+        Outcome::TokenCancelled { token_id } => Ok(axum::Json(
+            json!({"enrollment_id": token_id, "state": "cancelled"}),
+        )
+        .into_response()),
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
     }
 }
@@ -117,13 +179,24 @@ pub async fn cancel_enrollment(State(ctx): State<Shared>, headers: HeaderMap, Pa
 /// The last time a node was seen: a heartbeat here, or a replicated credential use.
 fn last_seen(ctx: &Shared, s: &Replicated, node: &Node) -> Option<i64> {
     let live = ctx.live.get(&node.node_id).last_heartbeat_ms;
-    let used = node.credential_ids.iter().filter_map(|c| s.credentials.get(c)).filter_map(|c| c.last_used_at_ms).max();
+    let used = node
+        .credential_ids
+        .iter()
+        .filter_map(|c| s.credentials.get(c))
+        .filter_map(|c| c.last_used_at_ms)
+        .max();
     live.max(used)
 }
 
 fn node_summary(ctx: &Shared, s: &Replicated, node: &Node, now: i64) -> Value {
     let seen = last_seen(ctx, s, node);
-    let status = node_status(node.decommissioned_at_ms.is_some(), seen, ctx.live.leader_since(), now, ctx.cfg.thresholds);
+    let status = node_status(
+        node.decommissioned_at_ms.is_some(),
+        seen,
+        ctx.live.leader_since(),
+        now,
+        ctx.cfg.thresholds,
+    );
     let conflicts: Vec<&str> = s
         .nodes
         .values()
@@ -150,24 +223,38 @@ fn node_summary(ctx: &Shared, s: &Replicated, node: &Node, now: i64) -> Value {
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.
-pub async fn list_nodes(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn list_nodes(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     ctx.linearize().await?;
     let now = now_ms();
     let s = ctx.app.read();
-    let nodes: Vec<Value> = s.nodes.values().map(|n| node_summary(&ctx, &s, n, now)).collect();
+    let nodes: Vec<Value> = s
+        .nodes
+        .values()
+        .map(|n| node_summary(&ctx, &s, n, now))
+        .collect();
     Ok(axum::Json(json!({"nodes": nodes})).into_response())
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}`: the summary plus history, telemetry and the
 /// last refused agent request.
-pub async fn show_node(State(ctx): State<Shared>, headers: HeaderMap, Path(node_id): Path<String>) -> Result<Response, ApiError> {
+pub async fn show_node(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(node_id): Path<String>,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("node_id", &node_id)?;
     ctx.linearize().await?;
     let now = now_ms();
     let s = ctx.app.read();
-    let node = s.nodes.get(&node_id).ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
+    let node = s
+        .nodes
+        .get(&node_id)
+        .ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
     let mut v = node_summary(&ctx, &s, node, now);
     let live = ctx.live.get(&node_id);
     let history: Vec<Value> = node
@@ -177,17 +264,27 @@ pub async fn show_node(State(ctx): State<Shared>, headers: HeaderMap, Path(node_
         .collect();
     v["history"] = Value::Array(history);
     v["telemetry"] = live.telemetry.unwrap_or(Value::Null);
-    v["last_refusal"] = live.last_refusal.map(|(status, at)| json!({"status": status, "at": rfc3339_ms(at)})).unwrap_or(Value::Null);
+    v["last_refusal"] = live
+        .last_refusal
+        .map(|(status, at)| json!({"status": status, "at": rfc3339_ms(at)}))
+        .unwrap_or(Value::Null);
     Ok(axum::Json(v).into_response())
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.
-pub async fn list_credentials(State(ctx): State<Shared>, headers: HeaderMap, Path(node_id): Path<String>) -> Result<Response, ApiError> {
+pub async fn list_credentials(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(node_id): Path<String>,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("node_id", &node_id)?;
     ctx.linearize().await?;
     let s = ctx.app.read();
-    let node = s.nodes.get(&node_id).ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
+    let node = s
+        .nodes
+        .get(&node_id)
+        .ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
     let creds: Vec<Value> = node
         .credential_ids
         .iter()
@@ -225,12 +322,34 @@ pub async fn revoke_credential(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("node_id", &node_id)?;
-    let reason = body.reason.unwrap_or_else(|| "revoked by admin".to_string());
+    let reason = body
+        .reason
+        .unwrap_or_else(|| "revoked by admin".to_string());
     if reason.len() > MAX_NOTE_LEN || reason.chars().any(|c| c.is_control()) {
-        return Err(ApiError::bad_request("invalid_reason", "reason must be at most 1024 bytes of printable text"));
+        return Err(ApiError::bad_request(
+            "invalid_reason",
+            "reason must be at most 1024 bytes of printable text",
+        ));
     }
     let rid = request_id(&headers, "admin")?;
-    match ctx.propose("admin", rid, Command::RevokeCredentials { node_id: node_id.clone(), reason }).await? {
+    ctx.linearize().await?;
+    if !ctx.app.read().nodes.contains_key(&node_id) {
+        return Err(ApiError::not_found(
+            "node_not_found",
+            "no node with this id",
+        ));
+    }
+    match ctx
+        .propose(
+            "admin",
+            rid,
+            Command::RevokeCredentials {
+                node_id: node_id.clone(),
+                reason,
+            },
+        )
+        .await?
+    {
         Outcome::Revoked { credential_ids } => {
             tracing::info!(node_id, revoked = ?credential_ids, "credentials revoked");
             Ok(axum::Json(json!({"node_id": node_id, "revoked": credential_ids})).into_response())
@@ -250,13 +369,19 @@ pub struct AuditQuery {
 }
 
 /// `GET /api/v1/admin/audit?node_id=&since=&limit=`.
-pub async fn audit(State(ctx): State<Shared>, headers: HeaderMap, Query(q): Query<AuditQuery>) -> Result<Response, ApiError> {
+pub async fn audit(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     let since_ms = match &q.since {
         None => None,
         Some(s) => Some(
             humantime::parse_rfc3339_weak(s)
-                .map_err(|_| ApiError::bad_request("invalid_since", "since must be an RFC 3339 time"))?
+                .map_err(|_| {
+                    ApiError::bad_request("invalid_since", "since must be an RFC 3339 time")
+                })?
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0),
@@ -284,8 +409,14 @@ pub async fn audit(State(ctx): State<Shared>, headers: HeaderMap, Query(q): Quer
 }
 
 /// `GET /api/v1/admin/state-digest`: a digest of the applied state, to compare members.
-pub async fn state_digest(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn state_digest(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     let s = ctx.app.read();
-    Ok(axum::Json(json!({"digest": s.digest(), "applied_index": s.last_applied_index})).into_response())
+    Ok(
+        axum::Json(json!({"digest": s.digest(), "applied_index": s.last_applied_index}))
+            .into_response(),
+    )
 }

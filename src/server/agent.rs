@@ -49,7 +49,12 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
     }
     let long = |s: &Option<String>| s.as_ref().is_some_and(|s| s.len() > MAX_FIELD_LEN);
     for a in &inv.accelerators {
-        if a.uuid.is_empty() || a.uuid.len() > MAX_FIELD_LEN || a.name.len() > MAX_FIELD_LEN || long(&a.pci_bus_id) || long(&a.mig_mode) {
+        if a.uuid.is_empty()
+            || a.uuid.len() > MAX_FIELD_LEN
+            || a.name.len() > MAX_FIELD_LEN
+            || long(&a.pci_bus_id)
+            || long(&a.mig_mode)
+        {
             return bad("an accelerator needs a uuid, and its fields must be under 512 bytes");
         }
     }
@@ -71,40 +76,75 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
 /// the token row by its public id and refuse early if it cannot succeed -> argon2-verify the
 /// token -> mint a credential and argon2-hash it -> propose `Enroll`, which decides
 /// atomically in apply (claim, node id, revocation of older credentials, audit) -> 201.
-pub async fn enroll(State(ctx): State<Shared>, JsonBody(req): JsonBody<EnrollRequest>) -> Result<Response, ApiError> {
+pub async fn enroll(
+    State(ctx): State<Shared>,
+    JsonBody(req): JsonBody<EnrollRequest>,
+) -> Result<Response, ApiError> {
     if !modelforge_proto::valid_hostname(&req.hostname) {
-        return Err(ApiError::bad_request("invalid_hostname", "hostname must be 1 to 253 letters, digits, '-', '_' or '.'"));
+        return Err(ApiError::bad_request(
+            "invalid_hostname",
+            "hostname must be 1 to 253 letters, digits, '-', '_' or '.'",
+        ));
     }
     check_inventory(&req.inventory)?;
-    let token = Secret::parse(SecretKind::EnrollmentToken, &req.token)
-        .map_err(|e| ApiError::unauthorized("invalid_token", format!("the enrolment token is malformed: {e}")))?;
+    let token = Secret::parse(SecretKind::EnrollmentToken, &req.token).map_err(|e| {
+        ApiError::unauthorized(
+            "invalid_token",
+            format!("the enrolment token is malformed: {e}"),
+        )
+    })?;
     identity::verify(&req.identity, token.id(), &req.hostname, now_ms())
         .map_err(|e| ApiError::unauthorized("invalid_identity_proof", e.to_string()))?;
     ctx.linearize().await?;
     let (hash, precheck) = {
         let s = ctx.app.read();
         let Some(t) = s.tokens.get(token.id()) else {
-            return Err(ApiError::unauthorized("invalid_token", "the enrolment token is unknown"));
+            return Err(ApiError::unauthorized(
+                "invalid_token",
+                "the enrolment token is unknown",
+            ));
         };
-        let claimed_by_other = t.claim.as_ref().is_some_and(|c| c.public_key != req.identity.public_key || c.spent);
+        let claimed_by_other = t
+            .claim
+            .as_ref()
+            .is_some_and(|c| c.public_key != req.identity.public_key || c.spent);
         let precheck = if t.cancelled_at_ms.is_some() {
-            Some(ApiError::unauthorized("token_cancelled", "the enrolment token was cancelled"))
+            Some(ApiError::unauthorized(
+                "token_cancelled",
+                "the enrolment token was cancelled",
+            ))
         } else if now_ms() > t.expires_at_ms {
-            Some(ApiError::unauthorized("token_expired", "the enrolment token has expired"))
+            Some(ApiError::unauthorized(
+                "token_expired",
+                "the enrolment token has expired",
+            ))
         } else if claimed_by_other {
-            Some(ApiError::unauthorized("token_already_claimed", "the enrolment token was already claimed"))
+            Some(ApiError::unauthorized(
+                "token_already_claimed",
+                "the enrolment token was already claimed",
+            ))
         } else {
             None
         };
         (t.hash.clone(), precheck)
     };
     if let Some(e) = precheck {
-        tracing::info!(enrollment_id = token.id(), code = e.code, "enrolment refused");
+        tracing::info!(
+            enrollment_id = token.id(),
+            code = e.code,
+            "enrolment refused"
+        );
         return Err(e);
     }
     if !ctx.hasher.verify(hash, token.expose().to_string()).await? {
-        tracing::info!(enrollment_id = token.id(), "enrolment refused: token secret does not match");
-        return Err(ApiError::unauthorized("invalid_token", "the enrolment token is not valid"));
+        tracing::info!(
+            enrollment_id = token.id(),
+            "enrolment refused: token secret does not match"
+        );
+        return Err(ApiError::unauthorized(
+            "invalid_token",
+            "the enrolment token is not valid",
+        ));
     }
     let credential = Secret::generate(SecretKind::NodeCredential);
     let credential_hash = ctx.hasher.hash(credential.expose().to_string()).await?;
@@ -117,19 +157,46 @@ pub async fn enroll(State(ctx): State<Shared>, JsonBody(req): JsonBody<EnrollReq
         credential_id: credential.id().to_string(),
         credential_hash,
     };
-    let actor = format!("agent:{}", &req.identity.public_key[..16.min(req.identity.public_key.len())]);
-    match ctx.propose(&actor, modelforge_proto::new_uuid(), cmd).await? {
-        Outcome::Enrolled { node_id, credential_id, reenrolled } => {
-            tracing::info!(node_id, credential_id, reenrolled, enrollment_id = token.id(), "node enrolled");
-            let body = EnrollResponse { node_id, credential: credential.expose().to_string(), credential_id, reenrolled };
+    let actor = format!(
+        "agent:{}",
+        &req.identity.public_key[..16.min(req.identity.public_key.len())]
+    );
+    match ctx
+        .propose(&actor, modelforge_proto::new_uuid(), cmd)
+        .await?
+    {
+        Outcome::Enrolled {
+            node_id,
+            credential_id,
+            reenrolled,
+        } => {
+            tracing::info!(
+                node_id,
+                credential_id,
+                reenrolled,
+                enrollment_id = token.id(),
+                "node enrolled"
+            );
+            let body = EnrollResponse {
+                node_id,
+                credential: credential.expose().to_string(),
+                credential_id,
+                reenrolled,
+            };
             Ok((StatusCode::CREATED, axum::Json(body)).into_response())
         }
-        other => Err(ApiError::internal(format!("unexpected answer to an enrolment: {other:?}"))),
+        other => Err(ApiError::internal(format!(
+            "unexpected answer to an enrolment: {other:?}"
+        ))),
     }
 }
 
 /// Authenticate an agent request for `node_id`; on refusal the node shows it in `last_refusal`.
-async fn authenticate(ctx: &Shared, node_id: &str, headers: &HeaderMap) -> Result<String, ApiError> {
+async fn authenticate(
+    ctx: &Shared,
+    node_id: &str,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
     check_id("node_id", node_id)?;
     let result = authenticate_inner(ctx, node_id, headers).await;
     if let Err(e) = &result
@@ -144,16 +211,30 @@ async fn authenticate(ctx: &Shared, node_id: &str, headers: &HeaderMap) -> Resul
     result
 }
 
-async fn authenticate_inner(ctx: &Shared, node_id: &str, headers: &HeaderMap) -> Result<String, ApiError> {
+async fn authenticate_inner(
+    ctx: &Shared,
+    node_id: &str,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
     let presented = bearer(headers)?;
-    let secret = Secret::parse(SecretKind::NodeCredential, presented)
-        .map_err(|e| ApiError::unauthorized("invalid_credential", format!("the credential is malformed: {e}")))?;
+    let secret = Secret::parse(SecretKind::NodeCredential, presented).map_err(|e| {
+        ApiError::unauthorized(
+            "invalid_credential",
+            format!("the credential is malformed: {e}"),
+        )
+    })?;
     ctx.linearize().await?;
     let revoked_or_missing = |ctx: &Shared| {
         let s = ctx.app.read();
         match s.credentials.get(secret.id()) {
-            None => Err(ApiError::unauthorized("invalid_credential", "the credential matches no stored credential")),
-            Some(c) if c.revoked_at_ms.is_some() => Err(ApiError::unauthorized("credential_revoked", "the credential was revoked")),
+            None => Err(ApiError::unauthorized(
+                "invalid_credential",
+                "the credential matches no stored credential",
+            )),
+            Some(c) if c.revoked_at_ms.is_some() => Err(ApiError::unauthorized(
+                "credential_revoked",
+                "the credential was revoked",
+            )),
             Some(c) => Ok((c.hash.clone(), c.node_id.clone())),
         }
     };
@@ -161,14 +242,20 @@ async fn authenticate_inner(ctx: &Shared, node_id: &str, headers: &HeaderMap) ->
     let digest = secret.fast_digest();
     if !ctx.app.is_verified(secret.id(), &digest) {
         if !ctx.hasher.verify(hash, secret.expose().to_string()).await? {
-            return Err(ApiError::unauthorized("invalid_credential", "the credential matches no stored credential"));
+            return Err(ApiError::unauthorized(
+                "invalid_credential",
+                "the credential matches no stored credential",
+            ));
         }
         // Re-check after the (slow) verify: a revocation may have applied meanwhile.
         revoked_or_missing(ctx)?;
         ctx.app.remember_verified(secret.id(), digest);
     }
     if owner != node_id {
-        return Err(ApiError::forbidden("credential_for_other_node", "the credential is valid but belongs to another node"));
+        return Err(ApiError::forbidden(
+            "credential_for_other_node",
+            "the credential is valid but belongs to another node",
+        ));
     }
     Ok(secret.id().to_string())
 }
@@ -176,10 +263,18 @@ async fn authenticate_inner(ctx: &Shared, node_id: &str, headers: &HeaderMap) ->
 /// Note a use of `credential_id`: the first is replicated before answering, later ones coalesced.
 async fn record_use(ctx: &Shared, credential_id: &str) -> Result<(), ApiError> {
     let now = now_ms();
-    let first = ctx.app.read().credentials.get(credential_id).is_some_and(|c| c.last_used_at_ms.is_none());
+    let first = ctx
+        .app
+        .read()
+        .credentials
+        .get(credential_id)
+        .is_some_and(|c| c.last_used_at_ms.is_none());
     if first {
-        let cmd = Command::TouchCredentials { uses: vec![(credential_id.to_string(), now)] };
-        ctx.propose("system", format!("first-use-{credential_id}"), cmd).await?;
+        let cmd = Command::TouchCredentials {
+            uses: vec![(credential_id.to_string(), now)],
+        };
+        ctx.propose("system", format!("first-use-{credential_id}"), cmd)
+            .await?;
     } else {
         ctx.live.note_use(credential_id, now);
     }
@@ -196,8 +291,16 @@ pub async fn heartbeat(
     let credential_id = authenticate(&ctx, &node_id, &headers).await?;
     record_use(&ctx, &credential_id).await?;
     let now = now_ms();
-    ctx.live.heartbeat(&node_id, now, serde_json::to_value(&telemetry).unwrap_or(json!({})));
-    let body = HeartbeatResponse { status: "ok".into(), node_id, server_time: rfc3339_ms(now) };
+    ctx.live.heartbeat(
+        &node_id,
+        now,
+        serde_json::to_value(&telemetry).unwrap_or(json!({})),
+    );
+    let body = HeartbeatResponse {
+        status: "ok".into(),
+        node_id,
+        server_time: rfc3339_ms(now),
+    };
     Ok(axum::Json(body).into_response())
 }
 
@@ -211,13 +314,32 @@ pub async fn inventory(
     let credential_id = authenticate(&ctx, &node_id, &headers).await?;
     check_inventory(&inv)?;
     record_use(&ctx, &credential_id).await?;
-    let unchanged = ctx.app.read().nodes.get(&node_id).is_some_and(|n| n.inventory_digest == inventory_digest(&inv));
+    let unchanged = ctx
+        .app
+        .read()
+        .nodes
+        .get(&node_id)
+        .is_some_and(|n| n.inventory_digest == inventory_digest(&inv));
     if unchanged {
         return Ok(axum::Json(json!({"changed": false})).into_response());
     }
-    let cmd = Command::UpdateInventory { node_id: node_id.clone(), inventory: inv };
-    match ctx.propose(&format!("agent:{node_id}"), modelforge_proto::new_uuid(), cmd).await? {
-        Outcome::InventoryUpdated { changed } => Ok(axum::Json(json!({"changed": changed})).into_response()),
-        other => Err(ApiError::internal(format!("unexpected answer to an inventory update: {other:?}"))),
+    let cmd = Command::UpdateInventory {
+        node_id: node_id.clone(),
+        inventory: inv,
+    };
+    match ctx
+        .propose(
+            &format!("agent:{node_id}"),
+            modelforge_proto::new_uuid(),
+            cmd,
+        )
+        .await?
+    {
+        Outcome::InventoryUpdated { changed } => {
+            Ok(axum::Json(json!({"changed": changed})).into_response())
+        }
+        other => Err(ApiError::internal(format!(
+            "unexpected answer to an inventory update: {other:?}"
+        ))),
     }
 }

@@ -18,27 +18,47 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large()
-            } else {
-                ApiError::bad_request("unreadable_body", "the request body could not be read")
-            }
-        })?;
-        let bytes: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) { b"{}" } else { &bytes };
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::too_large()
+                } else {
+                    ApiError::bad_request("unreadable_body", "the request body could not be read")
+                }
+            })?;
+        let bytes: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+            b"{}"
+        } else {
+            &bytes
+        };
         serde_json::from_slice(bytes).map(JsonBody).map_err(|e| {
             let msg = e.to_string();
             let what = match e.classify() {
-                serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
+                serde_json::error::Category::Syntax
+                | serde_json::error::Category::Eof
+                | serde_json::error::Category::Io => {
                     "the request body is not valid JSON".to_string()
                 }
                 serde_json::error::Category::Data if msg.starts_with("missing field") => {
-                    format!("the request body {}", msg.split(" at line").next().unwrap_or("is missing a field"))
+                    format!(
+                        "the request body {}",
+                        msg.split(" at line").next().unwrap_or("is missing a field")
+                    )
                 }
-                serde_json::error::Category::Data => "a field of the request body has the wrong type or value".to_string(),
+                serde_json::error::Category::Data => {
+                    "a field of the request body has the wrong type or value".to_string()
+                }
             };
-            let code = if matches!(e.classify(), serde_json::error::Category::Data) { "invalid_body" } else { "invalid_json" };
-            ApiError::bad_request(code, format!("{what} (line {}, column {})", e.line(), e.column()))
+            let code = if matches!(e.classify(), serde_json::error::Category::Data) {
+                "invalid_body"
+            } else {
+                "invalid_json"
+            };
+            ApiError::bad_request(
+                code,
+                format!("{what} (line {}, column {})", e.line(), e.column()),
+            )
         })
     }
 }
@@ -46,16 +66,27 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// The bearer secret of the request, or a 401 that says what is wrong (never echoing it).
 pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
     let Some(v) = headers.get("authorization") else {
-        return Err(ApiError::unauthorized("unauthenticated", "this endpoint needs Authorization: Bearer <secret>"));
+        return Err(ApiError::unauthorized(
+            "unauthenticated",
+            "this endpoint needs Authorization: Bearer <secret>",
+        ));
     };
-    let v = v.to_str().map_err(|_| ApiError::unauthorized("unauthenticated", "the Authorization header is not text"))?;
+    let v = v.to_str().map_err(|_| {
+        ApiError::unauthorized("unauthenticated", "the Authorization header is not text")
+    })?;
     let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(ApiError::unauthorized("unauthenticated", "the Authorization scheme must be Bearer"));
+        return Err(ApiError::unauthorized(
+            "unauthenticated",
+            "the Authorization scheme must be Bearer",
+        ));
     }
     let secret = rest.trim();
     if secret.is_empty() {
-        return Err(ApiError::unauthorized("unauthenticated", "the bearer secret is empty"));
+        return Err(ApiError::unauthorized(
+            "unauthenticated",
+            "the bearer secret is empty",
+        ));
     }
     Ok(secret)
 }
@@ -63,15 +94,26 @@ pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 pub fn require_admin(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = bearer(headers)?;
     if !secrets::same_secret(given, &ctx.cfg.admin_token) {
-        return Err(ApiError::unauthorized("unauthenticated", "the admin token is not valid"));
+        return Err(ApiError::unauthorized(
+            "unauthenticated",
+            "the admin token is not valid",
+        ));
     }
     Ok(())
 }
 
 /// Ids are opaque but tame: 1..=64 of `[A-Za-z0-9_-]`, so no id can carry a path.
 pub fn check_id(what: &'static str, id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
-        return Err(ApiError::bad_request("invalid_id", format!("{what} must be 1 to 64 letters, digits, '-' or '_'")));
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+    {
+        return Err(ApiError::bad_request(
+            "invalid_id",
+            format!("{what} must be 1 to 64 letters, digits, '-' or '_'"),
+        ));
     }
     Ok(())
 }
@@ -83,9 +125,14 @@ pub fn request_id(headers: &HeaderMap, actor: &str) -> Result<String, ApiError> 
     match headers.get("idempotency-key") {
         None => Ok(modelforge_proto::new_uuid()),
         Some(v) => {
-            let key = v.to_str().map_err(|_| ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be text"))?;
+            let key = v.to_str().map_err(|_| {
+                ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be text")
+            })?;
             if key.is_empty() || key.len() > 200 {
-                return Err(ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be 1 to 200 characters"));
+                return Err(ApiError::bad_request(
+                    "invalid_idempotency_key",
+                    "Idempotency-Key must be 1 to 200 characters",
+                ));
             }
             let digest = sha2::Sha256::digest(format!("{actor}\n{key}").as_bytes());
             Ok(format!("idem-{}", modelforge_proto::hex(&digest[..16])))

@@ -25,7 +25,13 @@ const MAX_HOPS: u32 = 2;
 /// How long a member waits for an election to finish before answering 503.
 const LEADER_WAIT: Duration = Duration::from_secs(3);
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
-const FORWARDED_HEADERS: [&str; 5] = ["authorization", "content-type", "idempotency-key", "x-request-id", "accept"];
+const FORWARDED_HEADERS: [&str; 5] = [
+    "authorization",
+    "content-type",
+    "idempotency-key",
+    "x-request-id",
+    "accept",
+];
 
 pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) -> Response {
     if ctx.consensus.is_leader() {
@@ -37,22 +43,36 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| secrets::same_secret(v, &ctx.peer_token));
     let hops: u32 = if trusted {
-        req.headers().get(HOPS_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0)
+        req.headers()
+            .get(HOPS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     } else {
         0
     };
     if hops >= MAX_HOPS {
-        return ApiError::unavailable("no_leader", "leadership is moving; retry shortly").into_response();
+        return ApiError::unavailable("no_leader", "leadership is moving; retry shortly")
+            .into_response();
     }
-    let leader = if ctx.consensus.leader().is_some_and(|(id, _)| id != ctx.cfg.node_id) {
+    let leader = if ctx
+        .consensus
+        .leader()
+        .is_some_and(|(id, _)| id != ctx.cfg.node_id)
+    {
         ctx.consensus.leader()
     } else {
         let me = ctx.cfg.node_id;
-        ctx.consensus.wait_for(LEADER_WAIT, |s| s.leader_id.is_some() && (s.leader_id != Some(me) || s.state == "Leader")).await;
+        ctx.consensus
+            .wait_for(LEADER_WAIT, |s| {
+                s.leader_id.is_some() && (s.leader_id != Some(me) || s.state == "Leader")
+            })
+            .await;
         ctx.consensus.leader()
     };
     let Some((leader_id, url)) = leader else {
-        return ApiError::unavailable("no_leader", "the cluster has no leader now; retry shortly").into_response();
+        return ApiError::unavailable("no_leader", "the cluster has no leader now; retry shortly")
+            .into_response();
     };
     if leader_id == ctx.cfg.node_id {
         return next.run(req).await;
@@ -63,34 +83,64 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
     }
 }
 
-async fn relay(ctx: &Shared, req: Request, leader_url: &str, hops: u32) -> Result<Response, ApiError> {
+async fn relay(
+    ctx: &Shared,
+    req: Request,
+    leader_url: &str,
+    hops: u32,
+) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, ctx.cfg.max_body_bytes).await.map_err(|_| ApiError::too_large())?;
-    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let bytes = axum::body::to_bytes(body, ctx.cfg.max_body_bytes)
+        .await
+        .map_err(|_| ApiError::too_large())?;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
     let url = format!("{}{path}", leader_url.trim_end_matches('/'));
-    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).map_err(|_| ApiError::bad_request("bad_method", "unsupported method"))?;
-    let mut out = ctx.http.request(method.clone(), &url).timeout(FORWARD_TIMEOUT).body(bytes.to_vec());
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
+        .map_err(|_| ApiError::bad_request("bad_method", "unsupported method"))?;
+    let mut out = ctx
+        .http
+        .request(method.clone(), &url)
+        .timeout(FORWARD_TIMEOUT)
+        .body(bytes.to_vec());
     for name in FORWARDED_HEADERS {
         if let Some(v) = parts.headers.get(name) {
             out = out.header(name, v.as_bytes());
         }
     }
-    out = out.header(PEER_HEADER, &ctx.peer_token).header(HOPS_HEADER, hops.to_string());
+    out = out
+        .header(PEER_HEADER, &ctx.peer_token)
+        .header(HOPS_HEADER, hops.to_string());
     let resp = match out.send().await {
         Ok(r) => r,
         Err(e) if e.is_connect() => {
-            return Err(ApiError::unavailable("no_leader", "the leader could not be reached; retry shortly"));
+            return Err(ApiError::unavailable(
+                "no_leader",
+                "the leader could not be reached; retry shortly",
+            ));
         }
         Err(_) if method == reqwest::Method::GET => {
-            return Err(ApiError::unavailable("no_leader", "the leader did not answer; retry shortly"));
+            return Err(ApiError::unavailable(
+                "no_leader",
+                "the leader did not answer; retry shortly",
+            ));
         }
         Err(_) => {
-            return Err(ApiError::outcome_unknown("the leader did not answer; the request may or may not have applied"));
+            return Err(ApiError::outcome_unknown(
+                "the leader did not answer; the request may or may not have applied",
+            ));
         }
     };
-    let status = axum::http::StatusCode::from_u16(resp.status().as_u16()).unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+    let status = axum::http::StatusCode::from_u16(resp.status().as_u16())
+        .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
     let ctype = resp.headers().get("content-type").cloned();
-    let body = resp.bytes().await.map_err(|_| ApiError::outcome_unknown("the leader's answer was cut off"))?;
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|_| ApiError::outcome_unknown("the leader's answer was cut off"))?;
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     if let Some(ct) = ctype.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {

@@ -91,7 +91,10 @@ const TOUCH_BATCH: usize = 2000;
 const TOUCH_MIN_ADVANCE_MS: i64 = 30_000;
 
 /// Run one member until `shutdown` resolves.
-pub async fn serve(cfg: ServeConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    cfg: ServeConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let app = Arc::new(Replicated::default());
     let peer_token = secrets::peer_token(&cfg.cluster_secret);
@@ -118,11 +121,21 @@ pub async fn serve(cfg: ServeConfig, shutdown: impl std::future::Future<Output =
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .build()?;
-    let ctx = Arc::new(Ctx { cfg, consensus: consensus.clone(), app, hasher, live: Liveness::default(), http, peer_token });
+    let ctx = Arc::new(Ctx {
+        cfg,
+        consensus: consensus.clone(),
+        app,
+        hasher,
+        live: Liveness::default(),
+        http,
+        peer_token,
+    });
     tokio::spawn(bootstrap(ctx.clone()));
     tokio::spawn(watch_leadership(ctx.clone()));
     tokio::spawn(write_coalesced_uses(ctx.clone()));
-    axum::serve(listener, router(ctx.clone()).into_make_service()).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, router(ctx.clone()).into_make_service())
+        .with_graceful_shutdown(shutdown)
+        .await?;
     tracing::info!("stopping");
     consensus.shutdown().await;
     Ok(())
@@ -132,16 +145,40 @@ pub async fn serve(cfg: ServeConfig, shutdown: impl std::future::Future<Output =
 pub fn router(ctx: Shared) -> Router {
     let leader_routes = Router::new()
         .route("/api/v1/agent/enroll", post(agent::enroll))
-        .route("/api/v1/agent/nodes/{node_id}/heartbeat", post(agent::heartbeat))
-        .route("/api/v1/agent/nodes/{node_id}/inventory", axum::routing::put(agent::inventory))
-        .route("/api/v1/admin/node-enrollments", post(admin::create_enrollment).get(admin::list_enrollments))
-        .route("/api/v1/admin/node-enrollments/{enrollment_id}", axum::routing::delete(admin::cancel_enrollment))
+        .route(
+            "/api/v1/agent/nodes/{node_id}/heartbeat",
+            post(agent::heartbeat),
+        )
+        .route(
+            "/api/v1/agent/nodes/{node_id}/inventory",
+            axum::routing::put(agent::inventory),
+        )
+        .route(
+            "/api/v1/admin/node-enrollments",
+            post(admin::create_enrollment).get(admin::list_enrollments),
+        )
+        .route(
+            "/api/v1/admin/node-enrollments/{enrollment_id}",
+            axum::routing::delete(admin::cancel_enrollment),
+        )
         .route("/api/v1/admin/hardware/nodes", get(admin::list_nodes))
-        .route("/api/v1/admin/hardware/nodes/{node_id}", get(admin::show_node))
-        .route("/api/v1/admin/hardware/nodes/{node_id}/credentials", get(admin::list_credentials))
-        .route("/api/v1/admin/hardware/nodes/{node_id}/credential", axum::routing::delete(admin::revoke_credential))
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}",
+            get(admin::show_node),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/credentials",
+            get(admin::list_credentials),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/credential",
+            axum::routing::delete(admin::revoke_credential),
+        )
         .route("/api/v1/admin/audit", get(admin::audit))
-        .layer(axum::middleware::from_fn_with_state(ctx.clone(), forward::leader_gate))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            forward::leader_gate,
+        ))
         .layer(DefaultBodyLimit::max(ctx.cfg.max_body_bytes));
     let peer_routes = Router::new()
         .route("/internal/v1/raft/{kind}", post(peer_rpc))
@@ -157,7 +194,11 @@ pub fn router(ctx: Shared) -> Router {
         .merge(peer_routes)
         .fallback(|| async { ApiError::not_found("not_found", "no such endpoint") })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not take that method")
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
         })
         .with_state(ctx)
 }
@@ -170,7 +211,11 @@ async fn readyz(State(ctx): State<Shared>) -> Response {
     let s = ctx.consensus.status();
     let ready = s.leader_id.is_some() && s.applied_index >= s.commit_index;
     let body = json!({"ready": ready, "leader_id": s.leader_id, "commit_index": s.commit_index, "applied_index": s.applied_index});
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, axum::Json(body)).into_response()
 }
 
@@ -193,9 +238,15 @@ async fn cluster(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respon
 }
 
 fn require_peer(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers.get(PEER_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let given = headers
+        .get(PEER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if given.is_empty() || !secrets::same_secret(given, &ctx.peer_token) {
-        return Err(ApiError::unauthorized("peer_unauthenticated", "peer endpoints need the cluster secret"));
+        return Err(ApiError::unauthorized(
+            "peer_unauthenticated",
+            "peer endpoints need the cluster secret",
+        ));
     }
     Ok(())
 }
@@ -209,8 +260,12 @@ async fn peer_rpc(
     require_peer(&ctx, &headers)?;
     match ctx.consensus.handle_peer_rpc(&kind, &body).await {
         Ok(bytes) => Ok(([("content-type", "application/octet-stream")], bytes).into_response()),
-        Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => Err(ApiError::not_found("not_found", "no such peer rpc")),
-        Err(modelforge_raft::network::PeerRpcError::BadBody(e)) => Err(ApiError::bad_request("bad_peer_body", e.to_string())),
+        Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => {
+            Err(ApiError::not_found("not_found", "no such peer rpc"))
+        }
+        Err(modelforge_raft::network::PeerRpcError::BadBody(e)) => {
+            Err(ApiError::bad_request("bad_peer_body", e.to_string()))
+        }
         Err(e) => Err(ApiError::unavailable("raft_unavailable", e.to_string())),
     }
 }
@@ -222,15 +277,23 @@ async fn peer_status(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Re
 }
 
 /// A member whose write found another leader hands the encoded envelope over here.
-async fn peer_propose(State(ctx): State<Shared>, headers: HeaderMap, body: axum::body::Bytes) -> Result<Response, ApiError> {
+async fn peer_propose(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
     require_peer(&ctx, &headers)?;
-    let mut env: Envelope = codec::decode(&body).map_err(|e| ApiError::bad_request("bad_peer_body", e.to_string()))?;
+    let mut env: Envelope =
+        codec::decode(&body).map_err(|e| ApiError::bad_request("bad_peer_body", e.to_string()))?;
     // Re-stamped by the member that will propose it: expiry is decided by leader time.
     env.now_ms = env.now_ms.max(now_ms());
     let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;
     match ctx.consensus.write(bytes).await {
         Ok(answer) => Ok(([("content-type", "application/octet-stream")], answer).into_response()),
-        Err(WriteError::NotLeader { .. }) => Err(ApiError::unavailable("not_leader", "this member is not the leader")),
+        Err(WriteError::NotLeader { .. }) => Err(ApiError::unavailable(
+            "not_leader",
+            "this member is not the leader",
+        )),
         Err(WriteError::OutcomeUnknown(m)) => Err(ApiError::outcome_unknown(m)),
         Err(WriteError::Fatal(m)) => Err(ApiError::unavailable("raft_unavailable", m)),
     }
@@ -239,30 +302,43 @@ async fn peer_propose(State(ctx): State<Shared>, headers: HeaderMap, body: axum:
 impl Ctx {
     /// Replicate `command` and return its answer. Retries the same envelope (same request id,
     /// so it applies at most once) across leader changes until [`WRITE_DEADLINE`].
-    pub async fn propose(&self, actor: &str, request_id: String, command: Command) -> Result<Outcome, ApiError> {
-        let env = Envelope { request_id, now_ms: now_ms(), actor: actor.to_string(), command };
+    pub async fn propose(
+        &self,
+        actor: &str,
+        request_id: String,
+        command: Command,
+    ) -> Result<Outcome, ApiError> {
+        let env = Envelope {
+            request_id,
+            now_ms: now_ms(),
+            actor: actor.to_string(),
+            command,
+        };
         let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
         let mut last_unknown = String::from("no answer before the deadline");
         loop {
             let now = tokio::time::Instant::now();
             if now >= deadline {
-                return Err(ApiError::outcome_unknown(format!("the write may or may not have applied ({last_unknown}); retry with the same Idempotency-Key")));
+                return Err(ApiError::outcome_unknown(format!(
+                    "the write may or may not have applied ({last_unknown}); retry with the same Idempotency-Key"
+                )));
             }
-            let attempt = tokio::time::timeout(deadline - now, self.consensus.write(bytes.clone())).await;
+            let attempt =
+                tokio::time::timeout(deadline - now, self.consensus.write(bytes.clone())).await;
             let answer = match attempt {
                 Err(_) => continue,
                 Ok(Ok(answer)) => answer,
-                Ok(Err(WriteError::NotLeader { leader: Some((id, url)) })) if id != self.cfg.node_id => {
-                    match self.propose_via(&url, &bytes).await {
-                        Ok(answer) => answer,
-                        Err(e) => {
-                            last_unknown = e;
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
+                Ok(Err(WriteError::NotLeader {
+                    leader: Some((id, url)),
+                })) if id != self.cfg.node_id => match self.propose_via(&url, &bytes).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        last_unknown = e;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
                     }
-                }
+                },
                 Ok(Err(WriteError::NotLeader { .. })) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
@@ -271,7 +347,9 @@ impl Ctx {
                     last_unknown = m;
                     continue;
                 }
-                Ok(Err(WriteError::Fatal(m))) => return Err(ApiError::unavailable("raft_unavailable", m)),
+                Ok(Err(WriteError::Fatal(m))) => {
+                    return Err(ApiError::unavailable("raft_unavailable", m));
+                }
             };
             return Replicated::decode_result(&answer).map_err(ApiError::from);
         }
@@ -280,7 +358,10 @@ impl Ctx {
     async fn propose_via(&self, leader_url: &str, envelope: &[u8]) -> Result<Vec<u8>, String> {
         let resp = self
             .http
-            .post(format!("{}/internal/v1/propose", leader_url.trim_end_matches('/')))
+            .post(format!(
+                "{}/internal/v1/propose",
+                leader_url.trim_end_matches('/')
+            ))
             .header(PEER_HEADER, &self.peer_token)
             .timeout(WRITE_DEADLINE)
             .body(envelope.to_vec())
@@ -297,7 +378,12 @@ impl Ctx {
 
     /// Confirm leadership by lease before a read of the local state.
     pub async fn linearize(&self) -> Result<(), ApiError> {
-        self.consensus.lease_read().await.map_err(|e| ApiError::unavailable("not_leader", format!("this member cannot serve a consistent read now: {e}")))
+        self.consensus.lease_read().await.map_err(|e| {
+            ApiError::unavailable(
+                "not_leader",
+                format!("this member cannot serve a consistent read now: {e}"),
+            )
+        })
     }
 }
 
@@ -322,12 +408,17 @@ async fn bootstrap(ctx: Shared) {
             && let Ok(v) = resp.json::<serde_json::Value>().await
             && v.get("initialized").and_then(|b| b.as_bool()) == Some(true)
         {
-            tracing::info!(peer = id, "a peer already belongs to a cluster: waiting to be replicated to");
+            tracing::info!(
+                peer = id,
+                "a peer already belongs to a cluster: waiting to be replicated to"
+            );
             return;
         }
     }
     match ctx.consensus.initialize(&ctx.cfg.peers).await {
-        Ok(()) => tracing::info!(members = ?ctx.cfg.peers.keys().collect::<Vec<_>>(), "cluster initialised"),
+        Ok(()) => {
+            tracing::info!(members = ?ctx.cfg.peers.keys().collect::<Vec<_>>(), "cluster initialised")
+        }
         Err(e) => tracing::warn!(error = %e, "cluster initialisation failed"),
     }
 }
@@ -359,13 +450,22 @@ async fn write_coalesced_uses(ctx: Shared) {
             let s = ctx.app.read();
             uses.into_iter()
                 .filter(|(id, at)| {
-                    s.credentials.get(id).is_some_and(|c| c.revoked_at_ms.is_none() && c.last_used_at_ms.is_none_or(|old| at - old >= TOUCH_MIN_ADVANCE_MS))
+                    s.credentials.get(id).is_some_and(|c| {
+                        c.revoked_at_ms.is_none()
+                            && c.last_used_at_ms
+                                .is_none_or(|old| at - old >= TOUCH_MIN_ADVANCE_MS)
+                    })
                 })
                 .collect()
         };
         for chunk in due.chunks(TOUCH_BATCH) {
-            let cmd = Command::TouchCredentials { uses: chunk.to_vec() };
-            if let Err(e) = ctx.propose("system", modelforge_proto::new_uuid(), cmd).await {
+            let cmd = Command::TouchCredentials {
+                uses: chunk.to_vec(),
+            };
+            if let Err(e) = ctx
+                .propose("system", modelforge_proto::new_uuid(), cmd)
+                .await
+            {
                 tracing::warn!(code = e.code, "coalesced last_used_at write failed");
             }
         }

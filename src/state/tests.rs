@@ -1,34 +1,70 @@
 use super::*;
 
 fn env(id: &str, now: i64, command: Command) -> Envelope {
-    Envelope { request_id: id.to_string(), now_ms: now, actor: "test".into(), command }
+    Envelope {
+        request_id: id.to_string(),
+        now_ms: now,
+        actor: "test".into(),
+        command,
+    }
 }
 
 fn create(s: &mut State, token: &str, now: i64) {
-    let r = s.apply(1, &env(&format!("create-{token}"), now, Command::CreateToken {
-        token_id: token.into(),
-        hash: "h".into(),
-        ttl_ms: 60_000,
-        note: None,
-    }));
+    let r = s.apply(
+        1,
+        &env(
+            &format!("create-{token}"),
+            now,
+            Command::CreateToken {
+                token_id: token.into(),
+                hash: "h".into(),
+                ttl_ms: 60_000,
+                note: None,
+            },
+        ),
+    );
     assert!(r.is_ok(), "{r:?}");
 }
 
-fn enroll(s: &mut State, req: &str, now: i64, token: &str, key: &str, node: &str, cred: &str) -> ApplyResult {
-    s.apply(2, &env(req, now, Command::Enroll {
-        token_id: token.into(),
-        public_key: key.into(),
-        hostname: "gpu-1".into(),
-        inventory: Inventory::default(),
-        new_node_id: node.into(),
-        credential_id: cred.into(),
-        credential_hash: "ch".into(),
-    }))
+fn enroll(
+    s: &mut State,
+    req: &str,
+    now: i64,
+    token: &str,
+    key: &str,
+    node: &str,
+    cred: &str,
+) -> ApplyResult {
+    s.apply(
+        2,
+        &env(
+            req,
+            now,
+            Command::Enroll {
+                token_id: token.into(),
+                public_key: key.into(),
+                hostname: "gpu-1".into(),
+                inventory: Inventory::default(),
+                new_node_id: node.into(),
+                credential_id: cred.into(),
+                credential_hash: "ch".into(),
+            },
+        ),
+    )
 }
 
 fn touch(s: &mut State, cred: &str, now: i64) {
-    s.apply(3, &env(&format!("touch-{cred}-{now}"), now, Command::TouchCredentials { uses: vec![(cred.into(), now)] }))
-        .unwrap();
+    s.apply(
+        3,
+        &env(
+            &format!("touch-{cred}-{now}"),
+            now,
+            Command::TouchCredentials {
+                uses: vec![(cred.into(), now)],
+            },
+        ),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -36,7 +72,14 @@ fn one_token_mints_one_identity() {
     let mut s = State::default();
     create(&mut s, "t1", 1000);
     let a = enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "cA").unwrap();
-    assert_eq!(a, Outcome::Enrolled { node_id: "nA".into(), credential_id: "cA".into(), reenrolled: false });
+    assert_eq!(
+        a,
+        Outcome::Enrolled {
+            node_id: "nA".into(),
+            credential_id: "cA".into(),
+            reenrolled: false
+        }
+    );
     let b = enroll(&mut s, "r2", 1002, "t1", "keyB", "nB", "cB").unwrap_err();
     assert_eq!(b.status, 401);
     assert_eq!(s.nodes.len(), 1);
@@ -50,12 +93,27 @@ fn claim_retry_by_same_identity_returns_same_node_until_used() {
     enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
     // The leader died before replying: the agent retries with the same identity.
     let r = enroll(&mut s, "r2", 1002, "t1", "keyA", "nX", "c2").unwrap();
-    assert_eq!(r, Outcome::Enrolled { node_id: "nA".into(), credential_id: "c2".into(), reenrolled: true });
-    assert!(s.credentials["c1"].revoked_at_ms.is_some(), "the undelivered credential is revoked");
+    assert_eq!(
+        r,
+        Outcome::Enrolled {
+            node_id: "nA".into(),
+            credential_id: "c2".into(),
+            reenrolled: true
+        }
+    );
+    assert!(
+        s.credentials["c1"].revoked_at_ms.is_some(),
+        "the undelivered credential is revoked"
+    );
     assert_eq!(s.active_credentials("nA").len(), 1);
     // Once the credential was used, the token is spent for everyone.
     touch(&mut s, "c2", 1003);
-    assert_eq!(enroll(&mut s, "r3", 1004, "t1", "keyA", "nA", "c3").unwrap_err().code, "token_already_claimed");
+    assert_eq!(
+        enroll(&mut s, "r3", 1004, "t1", "keyA", "nA", "c3")
+            .unwrap_err()
+            .code,
+        "token_already_claimed"
+    );
 }
 
 #[test]
@@ -63,18 +121,65 @@ fn revocation_spends_the_claim_and_is_never_undone() {
     let mut s = State::default();
     create(&mut s, "t1", 1000);
     enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
-    let r = s.apply(4, &env("rv", 1002, Command::RevokeCredentials { node_id: "nA".into(), reason: "stolen".into() })).unwrap();
-    assert_eq!(r, Outcome::Revoked { credential_ids: vec!["c1".into()] });
-    assert!(enroll(&mut s, "r2", 1003, "t1", "keyA", "nA", "c2").is_err(), "replaying the old token cannot undo a revocation");
+    let r = s
+        .apply(
+            4,
+            &env(
+                "rv",
+                1002,
+                Command::RevokeCredentials {
+                    node_id: "nA".into(),
+                    reason: "stolen".into(),
+                },
+            ),
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Outcome::Revoked {
+            credential_ids: vec!["c1".into()]
+        }
+    );
+    assert!(
+        enroll(&mut s, "r2", 1003, "t1", "keyA", "nA", "c2").is_err(),
+        "replaying the old token cannot undo a revocation"
+    );
     // A second revoke is safe and reports nothing more.
-    let r = s.apply(5, &env("rv2", 1004, Command::RevokeCredentials { node_id: "nA".into(), reason: "again".into() })).unwrap();
-    assert_eq!(r, Outcome::Revoked { credential_ids: vec![] });
+    let r = s
+        .apply(
+            5,
+            &env(
+                "rv2",
+                1004,
+                Command::RevokeCredentials {
+                    node_id: "nA".into(),
+                    reason: "again".into(),
+                },
+            ),
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Outcome::Revoked {
+            credential_ids: vec![]
+        }
+    );
     // Re-enrolment with a new token: same node, new credential, the old one stays revoked.
     create(&mut s, "t2", 1005);
     let r = enroll(&mut s, "r3", 1006, "t2", "keyA", "nZ", "c3").unwrap();
-    assert_eq!(r, Outcome::Enrolled { node_id: "nA".into(), credential_id: "c3".into(), reenrolled: true });
+    assert_eq!(
+        r,
+        Outcome::Enrolled {
+            node_id: "nA".into(),
+            credential_id: "c3".into(),
+            reenrolled: true
+        }
+    );
     assert!(s.credentials["c1"].revoked_at_ms.is_some());
-    assert_eq!(s.credentials["c1"].revoked_reason.as_deref(), Some("stolen"));
+    assert_eq!(
+        s.credentials["c1"].revoked_reason.as_deref(),
+        Some("stolen")
+    );
 }
 
 #[test]
@@ -85,7 +190,13 @@ fn reenrolment_revokes_older_credentials_in_the_same_step() {
     touch(&mut s, "c1", 1002);
     create(&mut s, "t2", 1003);
     enroll(&mut s, "r2", 1004, "t2", "keyA", "nB", "c2").unwrap();
-    assert_eq!(s.active_credentials("nA").iter().map(|c| c.credential_id.as_str()).collect::<Vec<_>>(), vec!["c2"]);
+    assert_eq!(
+        s.active_credentials("nA")
+            .iter()
+            .map(|c| c.credential_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["c2"]
+    );
     assert_eq!(s.nodes["nA"].credential_ids, vec!["c1", "c2"]);
     assert!(!s.nodes.contains_key("nB"));
 }
@@ -105,11 +216,40 @@ fn expiry_uses_the_leader_stamped_time() {
 fn cancelled_tokens_are_refused_and_claimed_ones_cannot_be_cancelled() {
     let mut s = State::default();
     create(&mut s, "t1", 1000);
-    s.apply(2, &env("c", 1001, Command::CancelToken { token_id: "t1".into() })).unwrap();
-    assert_eq!(enroll(&mut s, "r1", 1002, "t1", "k", "n", "c").unwrap_err().code, "token_cancelled");
+    s.apply(
+        2,
+        &env(
+            "c",
+            1001,
+            Command::CancelToken {
+                token_id: "t1".into(),
+            },
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        enroll(&mut s, "r1", 1002, "t1", "k", "n", "c")
+            .unwrap_err()
+            .code,
+        "token_cancelled"
+    );
     create(&mut s, "t2", 1003);
     enroll(&mut s, "r2", 1004, "t2", "k", "n", "c").unwrap();
-    assert_eq!(s.apply(3, &env("c2", 1005, Command::CancelToken { token_id: "t2".into() })).unwrap_err().status, 409);
+    assert_eq!(
+        s.apply(
+            3,
+            &env(
+                "c2",
+                1005,
+                Command::CancelToken {
+                    token_id: "t2".into()
+                }
+            )
+        )
+        .unwrap_err()
+        .status,
+        409
+    );
 }
 
 #[test]
@@ -170,15 +310,38 @@ fn accelerators_appearing_and_disappearing_are_recorded() {
     let mut s = State::default();
     create(&mut s, "t1", 1000);
     enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
-    let inv = |g: Vec<Accelerator>| Inventory { accelerators: g, ..Default::default() };
-    let up = |s: &mut State, id: &str, i: Inventory| {
-        s.apply(9, &env(id, 1002, Command::UpdateInventory { node_id: "nA".into(), inventory: i })).unwrap()
+    let inv = |g: Vec<Accelerator>| Inventory {
+        accelerators: g,
+        ..Default::default()
     };
-    assert_eq!(up(&mut s, "i1", inv(vec![gpu("G1"), gpu("G2")])), Outcome::InventoryUpdated { changed: true });
-    assert_eq!(up(&mut s, "i2", inv(vec![gpu("G1"), gpu("G2")])), Outcome::InventoryUpdated { changed: false });
+    let up = |s: &mut State, id: &str, i: Inventory| {
+        s.apply(
+            9,
+            &env(
+                id,
+                1002,
+                Command::UpdateInventory {
+                    node_id: "nA".into(),
+                    inventory: i,
+                },
+            ),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        up(&mut s, "i1", inv(vec![gpu("G1"), gpu("G2")])),
+        Outcome::InventoryUpdated { changed: true }
+    );
+    assert_eq!(
+        up(&mut s, "i2", inv(vec![gpu("G1"), gpu("G2")])),
+        Outcome::InventoryUpdated { changed: false }
+    );
     up(&mut s, "i3", inv(vec![gpu("G1")]));
     let h = &s.nodes["nA"].history;
-    assert!(h.iter().any(|e| e.kind == "accelerator_disappeared" && e.detail == "G2"));
+    assert!(
+        h.iter()
+            .any(|e| e.kind == "accelerator_disappeared" && e.detail == "G2")
+    );
 }
 
 #[test]

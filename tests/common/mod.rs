@@ -26,7 +26,9 @@ pub fn server_bin() -> PathBuf {
 pub fn agent_bin() -> PathBuf {
     let p = server_bin().with_file_name("modelforge-agent");
     if !p.exists() {
-        let profile_release = server_bin().parent().is_some_and(|d| d.ends_with("release"));
+        let profile_release = server_bin()
+            .parent()
+            .is_some_and(|d| d.ends_with("release"));
         let mut c = Command::new(env!("CARGO"));
         c.args(["build", "-p", "modelforge-agent"]);
         if profile_release {
@@ -39,15 +41,28 @@ pub fn agent_bin() -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(15)).build().unwrap()
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap()
 }
 
 /// (status, JSON body or Null). Status 0: no answer.
-pub async fn call(method: &str, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
+pub async fn call(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
     let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
     let mut r = http().request(m, url);
     if let Some(t) = token {
@@ -106,15 +121,25 @@ where
 
 fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Child {
     use std::os::unix::process::CommandExt;
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
     let mut c = Command::new(bin);
-    c.args(args).stdout(Stdio::from(out.try_clone().unwrap())).stderr(Stdio::from(out)).stdin(Stdio::null());
-    c.env_remove("MODELFORGE_ENROLLMENT_TOKEN").env_remove("MODELFORGE_ADMIN_TOKEN").env("MODELFORGE_LOG", "info");
+    c.args(args)
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .stdin(Stdio::null());
+    c.env_remove("MODELFORGE_ENROLLMENT_TOKEN")
+        .env_remove("MODELFORGE_ADMIN_TOKEN")
+        .env("MODELFORGE_LOG", "info");
     for (k, v) in env {
         c.env(k, v);
     }
     c.process_group(0);
-    c.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
+    c.spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
 
 fn signal(child: &Child, sig: i32) {
@@ -130,7 +155,14 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new() -> Self {
-        Self { dir: Some(tempfile::Builder::new().prefix("mf-test-").tempdir().unwrap()) }
+        Self {
+            dir: Some(
+                tempfile::Builder::new()
+                    .prefix("mf-test-")
+                    .tempdir()
+                    .unwrap(),
+            ),
+        }
     }
     pub fn path(&self) -> &Path {
         self.dir.as_ref().unwrap().path()
@@ -221,7 +253,12 @@ impl Cluster {
         }
         args.extend(self.extra.iter().cloned());
         let log = self.root().join(format!("m{id}.log"));
-        self.procs[(id - 1) as usize] = Some(spawn(&server_bin(), &args, &log, &[("MODELFORGE_ADMIN_TOKEN", ADMIN)]));
+        self.procs[(id - 1) as usize] = Some(spawn(
+            &server_bin(),
+            &args,
+            &log,
+            &[("MODELFORGE_ADMIN_TOKEN", ADMIN)],
+        ));
     }
 
     pub fn alive(&mut self, id: u64) -> bool {
@@ -240,11 +277,21 @@ impl Cluster {
     }
 
     pub fn live_ids(&mut self) -> Vec<u64> {
-        self.ids.clone().into_iter().filter(|i| self.alive(*i)).collect()
+        self.ids
+            .clone()
+            .into_iter()
+            .filter(|i| self.alive(*i))
+            .collect()
     }
 
     pub async fn cluster_view(&self, id: u64) -> Option<Value> {
-        let (s, v) = call("GET", &format!("{}/api/v1/cluster", self.url(id)), Some(ADMIN), None).await;
+        let (s, v) = call(
+            "GET",
+            &format!("{}/api/v1/cluster", self.url(id)),
+            Some(ADMIN),
+            None,
+        )
+        .await;
         (s == 200).then_some(v)
     }
 
@@ -269,7 +316,10 @@ impl Cluster {
             if let Some(l) = self.leader().await {
                 return l;
             }
-            assert!(tokio::time::Instant::now() < deadline, "no agreed leader within {WAIT:?}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no agreed leader within {WAIT:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -279,14 +329,21 @@ impl Cluster {
         loop {
             let mut ok = true;
             for id in self.live_ids() {
-                if call("GET", &format!("{}/readyz", self.url(id)), None, None).await.0 != 200 {
+                if call("GET", &format!("{}/readyz", self.url(id)), None, None)
+                    .await
+                    .0
+                    != 200
+                {
                     ok = false;
                 }
             }
             if ok && self.leader().await.is_some() {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "cluster not ready within {WAIT:?}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "cluster not ready within {WAIT:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -295,7 +352,13 @@ impl Cluster {
     pub async fn admin(&mut self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let mut last = (0, Value::Null);
         for id in self.live_ids() {
-            last = call(method, &format!("{}{path}", self.url(id)), Some(ADMIN), body.clone()).await;
+            last = call(
+                method,
+                &format!("{}{path}", self.url(id)),
+                Some(ADMIN),
+                body.clone(),
+            )
+            .await;
             if last.0 != 0 && last.0 != 503 {
                 return last;
             }
@@ -307,23 +370,44 @@ impl Cluster {
     pub async fn new_token(&mut self, ttl_seconds: u64) -> String {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let (s, v) = self.admin("POST", "/api/v1/admin/node-enrollments", Some(json!({"ttl_seconds": ttl_seconds}))).await;
+            let (s, v) = self
+                .admin(
+                    "POST",
+                    "/api/v1/admin/node-enrollments",
+                    Some(json!({"ttl_seconds": ttl_seconds})),
+                )
+                .await;
             if s == 201 {
                 return v["token"].as_str().unwrap().to_string();
             }
-            assert!(tokio::time::Instant::now() < deadline, "could not create a token: {s} {v}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "could not create a token: {s} {v}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     pub async fn node(&mut self, node_id: &str) -> Value {
-        let (s, v) = self.admin("GET", &format!("/api/v1/admin/hardware/nodes/{node_id}"), None).await;
+        let (s, v) = self
+            .admin(
+                "GET",
+                &format!("/api/v1/admin/hardware/nodes/{node_id}"),
+                None,
+            )
+            .await;
         assert_eq!(s, 200, "{v}");
         v
     }
 
     pub async fn credentials(&mut self, node_id: &str) -> Value {
-        let (s, v) = self.admin("GET", &format!("/api/v1/admin/hardware/nodes/{node_id}/credentials"), None).await;
+        let (s, v) = self
+            .admin(
+                "GET",
+                &format!("/api/v1/admin/hardware/nodes/{node_id}/credentials"),
+                None,
+            )
+            .await;
         assert_eq!(s, 200, "{v}");
         v
     }
@@ -332,15 +416,30 @@ impl Cluster {
         let mut out = vec![];
         for id in self.live_ids() {
             let url = format!("{}/api/v1/agent/nodes/{node_id}/heartbeat", self.url(id));
-            out.push(call("POST", &url, Some(credential), Some(json!({}))).await.0);
+            out.push(
+                call("POST", &url, Some(credential), Some(json!({})))
+                    .await
+                    .0,
+            );
         }
         out
     }
 
     /// The state digest and applied index of one member (read locally, not forwarded).
     pub async fn digest(&self, id: u64) -> Option<(String, u64)> {
-        let (s, v) = call("GET", &format!("{}/api/v1/cluster/state-digest", self.url(id)), Some(ADMIN), None).await;
-        (s == 200).then(|| (v["digest"].as_str().unwrap_or("").to_string(), v["applied_index"].as_u64().unwrap_or(0)))
+        let (s, v) = call(
+            "GET",
+            &format!("{}/api/v1/cluster/state-digest", self.url(id)),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        (s == 200).then(|| {
+            (
+                v["digest"].as_str().unwrap_or("").to_string(),
+                v["applied_index"].as_u64().unwrap_or(0),
+            )
+        })
     }
 
     /// Wait until every live member has applied the same state.
@@ -432,7 +531,10 @@ impl Agent {
     }
 
     pub fn credential(&self) -> Option<String> {
-        std::fs::read_to_string(self.state_dir.join("credential")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+        std::fs::read_to_string(self.state_dir.join("credential"))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
     }
 
     /// Wait for a credential other than `previous`; return (node id, credential).
@@ -451,7 +553,11 @@ impl Agent {
     pub async fn wait_exit(&mut self) -> (i32, String) {
         let child = self.child.as_mut().expect("agent started");
         let code = wait_until("the agent to exit", WAIT, || {
-            let r = child.try_wait().ok().flatten().map(|s| s.code().unwrap_or(-1));
+            let r = child
+                .try_wait()
+                .ok()
+                .flatten()
+                .map(|s| s.code().unwrap_or(-1));
             async move { r }
         })
         .await;
@@ -461,7 +567,9 @@ impl Agent {
     }
 
     pub fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
     pub fn wipe(&self) {

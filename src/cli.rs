@@ -73,10 +73,11 @@ pub struct ServeArgs {
     #[arg(long, env = "MODELFORGE_HASH_WORKERS")]
     pub hash_workers: Option<usize>,
     /// Raft heartbeat interval.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub raft_heartbeat: Duration,
     /// Raft election timeout, lower bound (the upper bound is twice this).
-    #[arg(long, default_value = "400ms", value_parser = humantime::parse_duration)]
+    /// The leader lease is the upper bound: a dead leader is replaced after about 2-3 times this.
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub raft_election_timeout: Duration,
     /// Take a snapshot every this many log entries.
     #[arg(long, default_value_t = 5000)]

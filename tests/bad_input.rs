@@ -7,7 +7,14 @@ use common::*;
 use serde_json::json;
 
 /// (method, path, headers, body, expected status, what it tries)
-type Case = (&'static str, String, Vec<(&'static str, String)>, Vec<u8>, u16, &'static str);
+type Case = (
+    &'static str,
+    String,
+    Vec<(&'static str, String)>,
+    Vec<u8>,
+    u16,
+    &'static str,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_errors_and_change_nothing() {

@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// `<id>=<url>`, repeatable: the full initial membership, this member included.
     #[arg(long = "peer", value_name = "ID=URL")]
     pub peers: Vec<String>,
+    /// `<id>=<url>`, repeatable: reach member <id> at this URL instead of its advertised one
+    /// (a route through a NAT or proxy; the chaos suite routes peer links through its proxies).
+    #[arg(long = "peer-route", value_name = "ID=URL")]
+    pub peer_routes: Vec<String>,
     /// File with the admin token (default <data-dir>/admin.token, generated if missing).
     #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
@@ -130,6 +134,16 @@ impl ServeArgs {
                 bail!("--peer: id {id} given twice");
             }
         }
+        let mut peer_routes = BTreeMap::new();
+        for p in &self.peer_routes {
+            let (id, url) = p
+                .split_once('=')
+                .with_context(|| format!("--peer-route {p:?}: expected <id>=<url>"))?;
+            let id: u64 = id
+                .parse()
+                .with_context(|| format!("--peer-route {p:?}: the id must be a number"))?;
+            peer_routes.insert(id, url.trim_end_matches('/').to_string());
+        }
         if peers.is_empty() {
             peers.insert(self.node_id, advertise.clone());
         }
@@ -159,6 +173,7 @@ impl ServeArgs {
             advertise,
             data_dir: self.data_dir,
             peers,
+            peer_routes,
             admin_token,
             cluster_secret,
             hash_params: HashParams {

@@ -47,11 +47,14 @@ pub const RPC_PREFIX: &str = "/internal/v1/raft/";
 pub struct PeerNetwork {
     http: reqwest::Client,
     peer_token: String,
+    /// Per-member overrides of the URL this member uses to reach a peer (a route through a
+    /// NAT, a proxy, or the chaos suite's fault-injecting proxies); others use the advertised URL.
+    routes: std::sync::Arc<std::collections::BTreeMap<u64, String>>,
 }
 
 impl PeerNetwork {
     /// `peer_token` is the value of [`PEER_HEADER`] (derived from the cluster secret).
-    pub fn new(peer_token: String) -> Self {
+    pub fn new(peer_token: String, routes: std::collections::BTreeMap<u64, String>) -> Self {
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_millis(500))
@@ -59,7 +62,11 @@ impl PeerNetwork {
             .tcp_nodelay(true)
             .build()
             .expect("reqwest client without TLS builds");
-        Self { http, peer_token }
+        Self {
+            http,
+            peer_token,
+            routes: std::sync::Arc::new(routes),
+        }
     }
 }
 
@@ -67,9 +74,10 @@ impl RaftNetworkFactory<C> for PeerNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
+        let url = self.routes.get(&target).unwrap_or(&node.addr);
         PeerClient {
             target,
-            base: node.addr.trim_end_matches('/').to_string(),
+            base: url.trim_end_matches('/').to_string(),
             net: self.clone(),
         }
     }

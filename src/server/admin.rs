@@ -206,6 +206,7 @@ fn node_summary(ctx: &Shared, s: &Replicated, node: &Node, now: i64) -> Value {
     json!({
         "node_id": node.node_id,
         "hostname": node.hostname,
+        "identity_public_key": node.public_key,
         "enabled": node.enabled,
         "status": status,
         "last_heartbeat_at": ts(seen),

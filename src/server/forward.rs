@@ -77,15 +77,32 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
     if leader_id == ctx.cfg.node_id {
         return next.run(req).await;
     }
-    match relay(&ctx, req, &url, hops + 1).await {
+    let url = ctx.peer_url(leader_id, &url);
+    match relay(&ctx, req, leader_id, &url, hops + 1).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
 }
 
+/// Whether resending the request after a cut connection cannot apply it twice: reads,
+/// heartbeats and inventory reports (idempotent), and writes carrying an Idempotency-Key
+/// (deduplicated by the state machine). Enrolment is not: a retry mints a new credential, so
+/// the agent decides (its retry of the same claim lands on the same node id).
+fn safe_to_resend(
+    method: &axum::http::Method,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+) -> bool {
+    method == axum::http::Method::GET
+        || method == axum::http::Method::PUT
+        || (method == axum::http::Method::POST && path.ends_with("/heartbeat"))
+        || headers.contains_key("idempotency-key")
+}
+
 async fn relay(
     ctx: &Shared,
     req: Request,
+    leader_id: u64,
     leader_url: &str,
     hops: u32,
 ) -> Result<Response, ApiError> {
@@ -97,43 +114,68 @@ async fn relay(
         .uri
         .path_and_query()
         .map(|p| p.as_str())
-        .unwrap_or("/");
-    let url = format!("{}{path}", leader_url.trim_end_matches('/'));
+        .unwrap_or("/")
+        .to_string();
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
         .map_err(|_| ApiError::bad_request("bad_method", "unsupported method"))?;
-    let mut out = ctx
-        .http
-        .request(method.clone(), &url)
-        .timeout(FORWARD_TIMEOUT)
-        .body(bytes.to_vec());
-    for name in FORWARDED_HEADERS {
-        if let Some(v) = parts.headers.get(name) {
-            out = out.header(name, v.as_bytes());
+    let resendable = safe_to_resend(&parts.method, parts.uri.path(), &parts.headers);
+    let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+    let (mut target_id, mut target_url) = (leader_id, leader_url.to_string());
+    loop {
+        let mut out = ctx
+            .http
+            .request(
+                method.clone(),
+                format!("{}{path}", target_url.trim_end_matches('/')),
+            )
+            .timeout(FORWARD_TIMEOUT)
+            .body(bytes.clone());
+        for name in FORWARDED_HEADERS {
+            if let Some(v) = parts.headers.get(name) {
+                out = out.header(name, v.as_bytes());
+            }
         }
-    }
-    out = out
-        .header(PEER_HEADER, &ctx.peer_token)
-        .header(HOPS_HEADER, hops.to_string());
-    let resp = match out.send().await {
-        Ok(r) => r,
-        Err(e) if e.is_connect() => {
-            return Err(ApiError::unavailable(
+        out = out
+            .header(PEER_HEADER, &ctx.peer_token)
+            .header(HOPS_HEADER, hops.to_string());
+        let err = match out.send().await {
+            Ok(resp) => return relay_answer(resp).await,
+            Err(e) => e,
+        };
+        // The request certainly did not arrive (connect failed), or may be resent safely:
+        // wait for leadership to move (or the leader to come back) and try again.
+        if (err.is_connect() || resendable) && tokio::time::Instant::now() < deadline {
+            let me = ctx.cfg.node_id;
+            ctx.consensus
+                .wait_for(Duration::from_millis(200), |s| {
+                    s.leader_id.is_some_and(|l| l != target_id) || s.state == "Leader"
+                })
+                .await;
+            if ctx.consensus.is_leader() && me != target_id {
+                return Err(ApiError::unavailable(
+                    "leader_changed",
+                    "this member became the leader meanwhile; retry",
+                ));
+            }
+            if let Some((id, url)) = ctx.consensus.leader().filter(|(id, _)| *id != me) {
+                (target_id, target_url) = (id, ctx.peer_url(id, &url));
+            }
+            continue;
+        }
+        return Err(if err.is_connect() || resendable {
+            ApiError::unavailable(
                 "no_leader",
                 "the leader could not be reached; retry shortly",
-            ));
-        }
-        Err(_) if method == reqwest::Method::GET => {
-            return Err(ApiError::unavailable(
-                "no_leader",
-                "the leader did not answer; retry shortly",
-            ));
-        }
-        Err(_) => {
-            return Err(ApiError::outcome_unknown(
+            )
+        } else {
+            ApiError::outcome_unknown(
                 "the leader did not answer; the request may or may not have applied",
-            ));
-        }
-    };
+            )
+        });
+    }
+}
+
+async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
     let status = axum::http::StatusCode::from_u16(resp.status().as_u16())
         .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
     let ctype = resp.headers().get("content-type").cloned();

@@ -57,6 +57,8 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     /// The full initial membership, this member included: id -> URL.
     pub peers: BTreeMap<u64, String>,
+    /// `--peer-route`: how this member reaches a peer when not by its advertised URL.
+    pub peer_routes: BTreeMap<u64, String>,
     pub admin_token: String,
     pub cluster_secret: String,
     pub hash_params: HashParams,
@@ -102,7 +104,7 @@ pub async fn serve(
         cfg.node_id,
         &cfg.data_dir.join("raft"),
         app.clone(),
-        PeerNetwork::new(peer_token.clone()),
+        PeerNetwork::new(peer_token.clone(), cfg.peer_routes.clone()),
         &cfg.tuning,
     )
     .await
@@ -331,14 +333,16 @@ impl Ctx {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(WriteError::NotLeader {
                     leader: Some((id, url)),
-                })) if id != self.cfg.node_id => match self.propose_via(&url, &bytes).await {
-                    Ok(answer) => answer,
-                    Err(e) => {
-                        last_unknown = e;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
+                })) if id != self.cfg.node_id => {
+                    match self.propose_via(&self.peer_url(id, &url), &bytes).await {
+                        Ok(answer) => answer,
+                        Err(e) => {
+                            last_unknown = e;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
                     }
-                },
+                }
                 Ok(Err(WriteError::NotLeader { .. })) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
@@ -376,6 +380,15 @@ impl Ctx {
         Ok(body.to_vec())
     }
 
+    /// The URL this member uses to reach member `id` (a `--peer-route` override, else `advertised`).
+    pub fn peer_url(&self, id: u64, advertised: &str) -> String {
+        self.cfg
+            .peer_routes
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| advertised.to_string())
+    }
+
     /// Confirm leadership by lease before a read of the local state.
     pub async fn linearize(&self) -> Result<(), ApiError> {
         self.consensus.lease_read().await.map_err(|e| {
@@ -397,6 +410,7 @@ async fn bootstrap(ctx: Shared) {
         if *id == ctx.cfg.node_id {
             continue;
         }
+        let url = ctx.peer_url(*id, url);
         let resp = ctx
             .http
             .get(format!("{}/internal/v1/status", url.trim_end_matches('/')))

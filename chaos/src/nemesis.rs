@@ -1,0 +1,122 @@
+//! The faults, one at a time, on a seeded schedule. Each is reported as installed, skipped
+//! (with why) or indeterminate.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::Rng;
+use crate::RunConfig;
+use crate::cluster::ChaosCluster;
+use crate::cluster::HarnessError;
+use crate::workload::Shared;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultRecord {
+    pub kind: &'static str,
+    pub target: Option<usize>,
+    pub at_ms: u64,
+    pub healed_ms: Option<u64>,
+    /// installed | skipped: <why> | indeterminate: <why>
+    pub status: String,
+    pub enrolments_in_flight: usize,
+}
+
+pub async fn run(
+    cluster: &mut ChaosCluster,
+    sh: &Arc<Shared>,
+    cfg: &RunConfig,
+    rng: &mut Rng,
+) -> Result<Vec<FaultRecord>, HarnessError> {
+    let mut out = vec![];
+    let end = tokio::time::Instant::now() + cfg.duration;
+    // Let some traffic start before the first fault.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while tokio::time::Instant::now() < end {
+        let kind = match rng.below(20) {
+            0..=10 => "kill-leader",
+            11..=12 => "kill-follower",
+            13..=15 => "pause-leader",
+            _ => "partition-leader",
+        };
+        let hold = Duration::from_millis(300 + rng.below(1200) as u64);
+        let at_ms = sh.history.now_ms();
+        let leader = cluster.wait_leader(Duration::from_secs(5)).await;
+        let mut rec = FaultRecord {
+            kind,
+            target: leader,
+            at_ms,
+            healed_ms: None,
+            status: String::new(),
+            enrolments_in_flight: 0,
+        };
+        let Some(l) = leader else {
+            rec.status = "skipped: no leader to target".into();
+            out.push(rec);
+            continue;
+        };
+        match kind {
+            "kill-leader" => {
+                // Time the kill to land while enrolments are in flight when possible.
+                let wait_until = tokio::time::Instant::now() + Duration::from_millis(500);
+                while sh.enrolls_in_flight.load(Ordering::SeqCst) == 0
+                    && tokio::time::Instant::now() < wait_until
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.below(40) as u64)).await;
+                rec.enrolments_in_flight = sh.enrolls_in_flight.load(Ordering::SeqCst);
+                rec.status = if cluster.kill9(l) {
+                    "installed".into()
+                } else {
+                    "indeterminate: kill(2) failed".into()
+                };
+                tokio::time::sleep(hold).await;
+                cluster.start_member(l)?;
+            }
+            "kill-follower" => {
+                let f = (0..cluster.n).find(|i| *i != l && cluster.running(*i));
+                match f {
+                    None => rec.status = "skipped: no running follower".into(),
+                    Some(f) => {
+                        rec.target = Some(f);
+                        rec.status = if cluster.kill9(f) {
+                            "installed".into()
+                        } else {
+                            "indeterminate: kill(2) failed".into()
+                        };
+                        tokio::time::sleep(hold).await;
+                        cluster.start_member(f)?;
+                    }
+                }
+            }
+            "pause-leader" => {
+                rec.status = if cluster.pause(l) {
+                    "installed".into()
+                } else {
+                    "indeterminate: SIGSTOP failed".into()
+                };
+                tokio::time::sleep(hold + Duration::from_millis(500)).await;
+                cluster.resume(l);
+            }
+            _ => {
+                cluster.isolate(l);
+                rec.status = "installed".into();
+                tokio::time::sleep(hold + Duration::from_millis(1000)).await;
+                cluster.heal();
+            }
+        }
+        rec.healed_ms = Some(sh.history.now_ms());
+        out.push(rec);
+        // Let the cluster settle before the next fault.
+        let _ = cluster.wait_leader(Duration::from_secs(10)).await;
+        tokio::time::sleep(
+            cfg.fault_every / 2
+                + Duration::from_millis(rng.below(cfg.fault_every.as_millis() as usize) as u64),
+        )
+        .await;
+    }
+    Ok(out)
+}

@@ -62,9 +62,9 @@ impl ChaosCluster {
         let ports: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_, _>>()?;
         let mut proxies = BTreeMap::new();
         for i in 0..n {
-            for j in 0..n {
+            for (j, port) in ports.iter().enumerate() {
                 if i != j {
-                    let p = Proxy::start(ports[j])
+                    let p = Proxy::start(*port)
                         .await
                         .map_err(|e| HarnessError(format!("proxy: {e}")))?;
                     proxies.insert((i, j), p);

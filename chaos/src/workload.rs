@@ -104,7 +104,7 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
         n += 1;
         let url = sh.urls[rng.below(sh.urls.len())].clone();
         let t = sh.history.now_ms();
-        if n % 9 == 0 {
+        if n.is_multiple_of(9) {
             // Revoke a random enrolled node's credential.
             let nid = {
                 let e = sh.enrolled.lock().unwrap();
@@ -136,7 +136,7 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                 sh.history
                     .record("admin", t, Kind::Revoke { node_id: nid }, o);
             }
-        } else if n % 7 == 0 {
+        } else if n.is_multiple_of(7) {
             let tok = { sh.tokens.lock().unwrap().pop() };
             if let Some((tid, _)) = tok {
                 let (o, _) = send(

@@ -108,6 +108,12 @@ pub struct ServeArgs {
     /// How often coalesced `last_used_at` updates are written.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub touch_interval: Duration,
+    /// Shards of the node supervision tree (each an actor owning many nodes).
+    #[arg(long, default_value_t = 16)]
+    pub node_shards: usize,
+    /// How often status transitions and refused requests are written to node histories.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub events_interval: Duration,
 }
 
 impl ServeArgs {
@@ -201,6 +207,8 @@ impl ServeArgs {
             default_token_ttl_s: self.default_token_ttl,
             max_token_ttl_s: self.max_token_ttl,
             touch_interval: self.touch_interval,
+            node_shards: self.node_shards.clamp(1, 1024),
+            events_interval: self.events_interval,
         })
     }
 }

@@ -11,3 +11,4 @@ pub mod liveness;
 pub mod secrets;
 pub mod server;
 pub mod state;
+pub mod supervisor;

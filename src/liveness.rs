@@ -13,16 +13,11 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
 use std::sync::atomic::Ordering;
 
-#[derive(Clone, Debug, Default)]
-pub struct NodeLive {
-    pub last_heartbeat_ms: Option<i64>,
-    pub telemetry: Option<serde_json::Value>,
-    pub last_refusal: Option<(u16, i64)>,
-}
+use crate::supervisor::Supervision;
 
-#[derive(Default)]
 pub struct Liveness {
-    nodes: Mutex<HashMap<String, NodeLive>>,
+    /// The supervision tree that owns each node's live state.
+    pub sup: Supervision,
     /// credential id -> latest use not yet written to the log.
     pending_uses: Mutex<HashMap<String, i64>>,
     leader_since_ms: AtomicI64,
@@ -36,32 +31,19 @@ pub struct StatusThresholds {
 }
 
 impl Liveness {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeLive>> {
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn heartbeat(&self, node_id: &str, now_ms: i64, telemetry: serde_json::Value) {
-        let mut m = self.lock();
-        let e = m.entry(node_id.to_string()).or_default();
-        e.last_heartbeat_ms = Some(now_ms);
-        e.telemetry = Some(telemetry);
-    }
-
-    pub fn refused(&self, node_id: &str, status: u16, now_ms: i64) {
-        let mut m = self.lock();
-        // Bounded: unknown ids from strangers must not grow this map without limit.
-        if m.len() > 1_000_000 && !m.contains_key(node_id) {
-            return;
+    pub fn new(sup: Supervision) -> Self {
+        Self {
+            sup,
+            pending_uses: Mutex::new(HashMap::new()),
+            leader_since_ms: AtomicI64::new(0),
         }
-        m.entry(node_id.to_string()).or_default().last_refusal = Some((status, now_ms));
     }
 
-    pub fn get(&self, node_id: &str) -> NodeLive {
-        self.lock().get(node_id).cloned().unwrap_or_default()
-    }
-
+    /// This member became leader at `ms`: the grace window starts, and the supervisors are
+    /// rebuilt from the replicated state.
     pub fn set_leader_since(&self, ms: i64) {
         self.leader_since_ms.store(ms, Ordering::SeqCst);
+        self.sup.rebuild(ms);
     }
 
     pub fn leader_since(&self) -> i64 {

@@ -74,6 +74,10 @@ pub enum Command {
         node_id: String,
         inventory: Inventory,
     },
+    /// Coalesced node events from the heartbeat-processing member: (node, kind, detail, count).
+    RecordEvents {
+        events: Vec<(String, String, String, u32)>,
+    },
 }
 
 impl Command {
@@ -85,6 +89,7 @@ impl Command {
             Command::RevokeCredentials { .. } => "credential.revoke",
             Command::TouchCredentials { .. } => "credential.touch",
             Command::UpdateInventory { .. } => "node.inventory",
+            Command::RecordEvents { .. } => "node.events",
         }
     }
 
@@ -92,7 +97,9 @@ impl Command {
     fn audited(&self) -> bool {
         !matches!(
             self,
-            Command::TouchCredentials { .. } | Command::UpdateInventory { .. }
+            Command::TouchCredentials { .. }
+                | Command::UpdateInventory { .. }
+                | Command::RecordEvents { .. }
         )
     }
 }
@@ -121,6 +128,9 @@ pub enum Outcome {
     },
     InventoryUpdated {
         changed: bool,
+    },
+    EventsRecorded {
+        count: usize,
     },
 }
 
@@ -452,6 +462,16 @@ impl State {
                 }
                 Ok(Outcome::Touched { count })
             }
+            Command::RecordEvents { events } => {
+                let mut count = 0;
+                for (node_id, kind, detail, n) in events {
+                    if let Some(node) = self.nodes.get_mut(node_id) {
+                        push_history_n(node, now, kind, detail.clone(), (*n).max(1));
+                        count += 1;
+                    }
+                }
+                Ok(Outcome::EventsRecorded { count })
+            }
             Command::UpdateInventory { node_id, inventory } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Err(Refusal::new(404, "node_not_found", "no node with this id"));
@@ -749,11 +769,16 @@ fn set_inventory(node: &mut Node, now: i64, inventory: &Inventory) -> bool {
 
 /// Append to a node's bounded history, folding a repeat of the latest event into it.
 pub fn push_history(node: &mut Node, now: i64, kind: &str, detail: String) {
+    push_history_n(node, now, kind, detail, 1)
+}
+
+/// [`push_history`] for `n` identical events at once.
+pub fn push_history_n(node: &mut Node, now: i64, kind: &str, detail: String, n: u32) {
     if let Some(last) = node.history.back_mut()
         && last.kind == kind
         && last.detail == detail
     {
-        last.count = last.count.saturating_add(1);
+        last.count = last.count.saturating_add(n);
         last.at_ms = now;
         return;
     }
@@ -761,7 +786,7 @@ pub fn push_history(node: &mut Node, now: i64, kind: &str, detail: String) {
         at_ms: now,
         kind: kind.to_string(),
         detail,
-        count: 1,
+        count: n,
     });
     while node.history.len() > HISTORY_PER_NODE {
         node.history.pop_front();

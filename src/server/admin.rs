@@ -27,6 +27,7 @@ use crate::state::Command;
 use crate::state::Node;
 use crate::state::Outcome;
 use crate::state::State as Replicated;
+use crate::supervisor::NodeLive;
 
 const MAX_NOTE_LEN: usize = 1024;
 
@@ -177,40 +178,62 @@ pub async fn cancel_enrollment(
 }
 
 /// The last time a node was seen: a heartbeat here, or a replicated credential use.
-fn last_seen(ctx: &Shared, s: &Replicated, node: &Node) -> Option<i64> {
-    let live = ctx.live.get(&node.node_id).last_heartbeat_ms;
+fn last_seen(s: &Replicated, node: &Node, live: &NodeLive) -> Option<i64> {
     let used = node
         .credential_ids
         .iter()
         .filter_map(|c| s.credentials.get(c))
         .filter_map(|c| c.last_used_at_ms)
         .max();
-    live.max(used)
+    live.last_heartbeat_ms.max(used)
 }
 
-fn node_summary(ctx: &Shared, s: &Replicated, node: &Node, now: i64) -> Value {
-    let seen = last_seen(ctx, s, node);
-    let status = node_status(
+/// A node's status at `now` as this member judges it.
+pub fn status_of(
+    ctx: &Shared,
+    s: &Replicated,
+    node: &Node,
+    live: &NodeLive,
+    now: i64,
+) -> &'static str {
+    node_status(
         node.decommissioned_at_ms.is_some(),
-        seen,
+        last_seen(s, node, live),
         ctx.live.leader_since(),
         now,
         ctx.cfg.thresholds,
-    );
+    )
+}
+
+fn node_summary(
+    ctx: &Shared,
+    s: &Replicated,
+    node: &Node,
+    live: &NodeLive,
+    rebuilt_at: i64,
+    now: i64,
+) -> Value {
+    let seen = last_seen(s, node, live);
     let conflicts: Vec<&str> = s
         .nodes
         .values()
         .filter(|o| o.node_id != node.node_id && o.enabled && o.hostname == node.hostname)
         .map(|o| o.node_id.as_str())
         .collect();
+    // Accelerators count as verified only after a fresh hardware report since this member
+    // last rebuilt its view (start, leader change, shard restart).
+    let verified_at = live.last_report_ms.filter(|r| *r >= rebuilt_at);
     json!({
         "node_id": node.node_id,
         "hostname": node.hostname,
         "identity_public_key": node.public_key,
         "enabled": node.enabled,
-        "status": status,
+        "status": status_of(ctx, s, node, live, now),
         "last_heartbeat_at": ts(seen),
         "accelerators": node.inventory.accelerators,
+        "accelerators_verified": verified_at.is_some(),
+        "accelerators_verified_at": ts(verified_at),
+        "view_rebuilt_at": rfc3339_ms(rebuilt_at),
         "storage_roots": node.inventory.storage_roots,
         "driver_version": node.inventory.driver_version,
         "cuda_version": node.inventory.cuda_version,
@@ -231,11 +254,16 @@ pub async fn list_nodes(
     require_admin(&ctx, &headers)?;
     ctx.linearize().await?;
     let now = now_ms();
+    let live = ctx.live.sup.all().await;
+    let fallback = (NodeLive::default(), ctx.live.sup.rebuilt_at());
     let s = ctx.app.read();
     let nodes: Vec<Value> = s
         .nodes
         .values()
-        .map(|n| node_summary(&ctx, &s, n, now))
+        .map(|n| {
+            let (l, at) = live.get(&n.node_id).unwrap_or(&fallback);
+            node_summary(&ctx, &s, n, l, *at, now)
+        })
         .collect();
     Ok(axum::Json(json!({"nodes": nodes})).into_response())
 }
@@ -251,25 +279,54 @@ pub async fn show_node(
     check_id("node_id", &node_id)?;
     ctx.linearize().await?;
     let now = now_ms();
+    let (live, rebuilt_at) = ctx.live.sup.get(&node_id).await;
     let s = ctx.app.read();
     let node = s
         .nodes
         .get(&node_id)
         .ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
-    let mut v = node_summary(&ctx, &s, node, now);
-    let live = ctx.live.get(&node_id);
+    let mut v = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
     let history: Vec<Value> = node
         .history
         .iter()
         .map(|e| json!({"at": rfc3339_ms(e.at_ms), "kind": e.kind, "detail": e.detail, "count": e.count}))
         .collect();
     v["history"] = Value::Array(history);
-    v["telemetry"] = live.telemetry.unwrap_or(Value::Null);
+    v["telemetry"] = live
+        .telemetry
+        .back()
+        .map(|(_, t)| t.clone())
+        .unwrap_or(Value::Null);
+    v["telemetry_at"] = ts(live.telemetry.back().map(|(at, _)| *at));
     v["last_refusal"] = live
         .last_refusal
         .map(|(status, at)| json!({"status": status, "at": rfc3339_ms(at)}))
         .unwrap_or(Value::Null);
     Ok(axum::Json(v).into_response())
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{node_id}/telemetry`: the recent ring, oldest first.
+pub async fn telemetry(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(node_id): Path<String>,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    ctx.linearize().await?;
+    if !ctx.app.read().nodes.contains_key(&node_id) {
+        return Err(ApiError::not_found(
+            "node_not_found",
+            "no node with this id",
+        ));
+    }
+    let (live, _) = ctx.live.sup.get(&node_id).await;
+    let samples: Vec<Value> = live
+        .telemetry
+        .iter()
+        .map(|(at, t)| json!({"at": rfc3339_ms(*at), "telemetry": t}))
+        .collect();
+    Ok(axum::Json(json!({"node_id": node_id, "samples": samples})).into_response())
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.

@@ -202,10 +202,8 @@ async fn authenticate(
     if let Err(e) = &result
         && matches!(e.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
     {
-        let known = ctx.app.read().nodes.contains_key(node_id);
-        if known {
-            ctx.live.refused(node_id, e.status.as_u16(), now_ms());
-        }
+        // The shard keeps it only for nodes that exist; never a replicated write per refusal.
+        ctx.live.sup.refused(node_id, e.status.as_u16(), now_ms());
         tracing::debug!(node_id, code = e.code, "agent request refused");
     }
     result
@@ -291,10 +289,13 @@ pub async fn heartbeat(
     let credential_id = authenticate(&ctx, &node_id, &headers).await?;
     record_use(&ctx, &credential_id).await?;
     let now = now_ms();
-    ctx.live.heartbeat(
+    // A heartbeat that names accelerators is a fresh hardware report.
+    let report = telemetry.accelerators.iter().any(|a| a.uuid.is_some());
+    ctx.live.sup.heartbeat(
         &node_id,
         now,
         serde_json::to_value(&telemetry).unwrap_or(json!({})),
+        report,
     );
     let body = HeartbeatResponse {
         status: "ok".into(),
@@ -314,6 +315,7 @@ pub async fn inventory(
     let credential_id = authenticate(&ctx, &node_id, &headers).await?;
     check_inventory(&inv)?;
     record_use(&ctx, &credential_id).await?;
+    ctx.live.sup.report(&node_id, now_ms());
     let unchanged = ctx
         .app
         .read()

@@ -70,6 +70,10 @@ pub struct ServeConfig {
     pub max_token_ttl_s: u64,
     /// How often coalesced `last_used_at` updates are written.
     pub touch_interval: Duration,
+    /// Shards of the node supervision tree.
+    pub node_shards: usize,
+    /// How often status transitions and refused requests are written to node histories.
+    pub events_interval: Duration,
 }
 
 /// Shared by every handler of one member.
@@ -123,18 +127,20 @@ pub async fn serve(
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .build()?;
+    let sup = crate::supervisor::Supervision::start(app.clone(), cfg.node_shards, now_ms()).await?;
     let ctx = Arc::new(Ctx {
         cfg,
         consensus: consensus.clone(),
         app,
         hasher,
-        live: Liveness::default(),
+        live: Liveness::new(sup),
         http,
         peer_token,
     });
     tokio::spawn(bootstrap(ctx.clone()));
     tokio::spawn(watch_leadership(ctx.clone()));
     tokio::spawn(write_coalesced_uses(ctx.clone()));
+    tokio::spawn(record_node_events(ctx.clone()));
     axum::serve(listener, router(ctx.clone()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -171,6 +177,10 @@ pub fn router(ctx: Shared) -> Router {
         .route(
             "/api/v1/admin/hardware/nodes/{node_id}/credentials",
             get(admin::list_credentials),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/telemetry",
+            get(admin::telemetry),
         )
         .route(
             "/api/v1/admin/hardware/nodes/{node_id}/credential",
@@ -482,6 +492,54 @@ async fn write_coalesced_uses(ctx: Shared) {
             {
                 tracing::warn!(code = e.code, "coalesced last_used_at write failed");
             }
+        }
+    }
+}
+
+/// Write node events that only the heartbeat-processing member sees, coalesced: status
+/// transitions and refused agent requests go into the nodes' histories in at most one write
+/// per interval, however many requests were refused (anyone can send those).
+async fn record_node_events(ctx: Shared) {
+    loop {
+        tokio::time::sleep(ctx.cfg.events_interval).await;
+        if !ctx.consensus.is_leader() {
+            continue;
+        }
+        let now = now_ms();
+        let live = ctx.live.sup.all().await;
+        let mut transitions = vec![];
+        {
+            let s = ctx.app.read();
+            for node in s.nodes.values() {
+                let Some((l, _)) = live.get(&node.node_id) else {
+                    continue;
+                };
+                let status = admin::status_of(&ctx, &s, node, l, now);
+                if status != "never_seen" && l.recorded_status != Some(status) {
+                    transitions.push((node.node_id.clone(), status));
+                }
+            }
+        }
+        let refusals = ctx.live.sup.flush(transitions.clone()).await;
+        let mut events: Vec<(String, String, String, u32)> = transitions
+            .into_iter()
+            .map(|(n, s)| (n, "status".to_string(), s.to_string(), 1))
+            .collect();
+        events.extend(refusals.into_iter().map(|(n, status, count)| {
+            (n, "request_refused".to_string(), status.to_string(), count)
+        }));
+        if events.is_empty() {
+            continue;
+        }
+        if let Err(e) = ctx
+            .propose(
+                "system",
+                modelforge_proto::new_uuid(),
+                Command::RecordEvents { events },
+            )
+            .await
+        {
+            tracing::warn!(code = e.code, "writing node events failed");
         }
     }
 }

@@ -29,7 +29,6 @@ use ractor::ActorProcessingErr;
 use ractor::ActorRef;
 use ractor::RpcReplyPort;
 use ractor::SupervisionEvent;
-use serde_json::Value;
 
 use crate::app::Replicated;
 
@@ -41,7 +40,8 @@ const CALL_TIMEOUT_MS: u64 = 2000;
 #[derive(Clone, Debug, Default)]
 pub struct NodeLive {
     pub last_heartbeat_ms: Option<i64>,
-    pub telemetry: VecDeque<(i64, Value)>,
+    /// Compact JSON text, not a parsed value: a fraction of the memory per sample.
+    pub telemetry: VecDeque<(i64, Box<str>)>,
     pub last_refusal: Option<(u16, i64)>,
     /// Refusals not yet written to the node's history: (status, count).
     pub unflushed_refusals: Vec<(u16, u32)>,
@@ -55,7 +55,7 @@ pub enum ShardMsg {
     Heartbeat {
         node_id: String,
         at_ms: i64,
-        telemetry: Value,
+        telemetry: Box<str>,
         report: bool,
     },
     Report {
@@ -374,7 +374,7 @@ impl Supervision {
             .collect()
     }
 
-    pub fn heartbeat(&self, node_id: &str, at_ms: i64, telemetry: Value, report: bool) {
+    pub fn heartbeat(&self, node_id: &str, at_ms: i64, telemetry: Box<str>, report: bool) {
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Heartbeat {
                 node_id: node_id.to_string(),
@@ -516,7 +516,12 @@ mod tests {
         let app = app_with_nodes(40);
         let sup = Supervision::start(app, 4, 5000).await.unwrap();
         for i in 0..40 {
-            sup.heartbeat(&format!("n{i}"), 6000, serde_json::json!({"i": i}), true);
+            sup.heartbeat(
+                &format!("n{i}"),
+                6000,
+                format!("{{\"i\":{i}}}").into(),
+                true,
+            );
         }
         wait("every heartbeat applied", async || {
             sup.all()
@@ -553,7 +558,7 @@ mod tests {
         assert_eq!(o.last_heartbeat_ms, Some(6000));
         assert_eq!(o.telemetry.len(), 1);
         // The restarted shard serves again.
-        sup.heartbeat(victim, 7000, serde_json::json!({}), true);
+        sup.heartbeat(victim, 7000, "{}".into(), true);
         wait("the victim's next report", async || {
             sup.get(victim).await.0.last_heartbeat_ms == Some(7000)
         })
@@ -567,7 +572,7 @@ mod tests {
         let app = app_with_nodes(1);
         let sup = Supervision::start(app, 2, 0).await.unwrap();
         for i in 0..100 {
-            sup.heartbeat("n0", i, serde_json::json!({"i": i}), false);
+            sup.heartbeat("n0", i, format!("{{\"i\":{i}}}").into(), false);
             sup.refused("n0", 401, i);
         }
         sup.refused("unknown-node", 401, 5);

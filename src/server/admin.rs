@@ -295,7 +295,7 @@ pub async fn show_node(
     v["telemetry"] = live
         .telemetry
         .back()
-        .map(|(_, t)| t.clone())
+        .and_then(|(_, t)| serde_json::from_str(t).ok())
         .unwrap_or(Value::Null);
     v["telemetry_at"] = ts(live.telemetry.back().map(|(at, _)| *at));
     v["last_refusal"] = live
@@ -324,7 +324,7 @@ pub async fn telemetry(
     let samples: Vec<Value> = live
         .telemetry
         .iter()
-        .map(|(at, t)| json!({"at": rfc3339_ms(*at), "telemetry": t}))
+        .map(|(at, t)| json!({"at": rfc3339_ms(*at), "telemetry": serde_json::from_str::<Value>(t).unwrap_or(Value::Null)}))
         .collect();
     Ok(axum::Json(json!({"node_id": node_id, "samples": samples})).into_response())
 }

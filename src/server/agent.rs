@@ -294,7 +294,9 @@ pub async fn heartbeat(
     ctx.live.sup.heartbeat(
         &node_id,
         now,
-        serde_json::to_value(&telemetry).unwrap_or(json!({})),
+        serde_json::to_string(&telemetry)
+            .unwrap_or_else(|_| "{}".into())
+            .into_boxed_str(),
         report,
     );
     let body = HeartbeatResponse {

@@ -1,0 +1,127 @@
+//! Scale of the node supervision tree: memory per node and total RSS of a member's replicated
+//! state plus supervisors, and the time to rebuild every supervisor (a leader change), at
+//! 10,000 and 100,000 enrolled nodes.
+//!
+//! `cargo run --release --example supervisor_scale -- [--nodes 10000,100000] [--shards 16]`
+//! Each size runs in a fresh child process so that RSS figures do not mix.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use modelforge::app::Replicated;
+use modelforge::state::Command;
+use modelforge::state::Envelope;
+use modelforge::supervisor::Supervision;
+use modelforge_raft::Application;
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn arg(name: &str) -> Option<String> {
+    let a: Vec<String> = std::env::args().collect();
+    a.iter()
+        .position(|x| x == name)
+        .and_then(|i| a.get(i + 1))
+        .cloned()
+}
+
+async fn one(nodes: usize, shards: usize) {
+    let base = rss_kib();
+    let app = Arc::new(Replicated::default());
+    let mut idx = 0u64;
+    let inv = modelforge_proto::wire::Inventory {
+        accelerators: (0..8)
+            .map(|i| modelforge_proto::wire::Accelerator {
+                uuid: format!("GPU-{i:08x}-0000-4000-8000-000000000000"),
+                name: "NVIDIA H200".into(),
+                memory_total_mib: Some(143_771),
+                pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
+                index: Some(i),
+                mig_mode: Some("disabled".into()),
+                power_limit_w: Some(700),
+            })
+            .collect(),
+        storage_roots: vec![modelforge_proto::wire::StorageRoot {
+            path: "/data".into(),
+            capacity_bytes: 1 << 40,
+            free_bytes: 1 << 39,
+        }],
+        driver_version: Some("550.54.15".into()),
+        cuda_version: Some("12.4".into()),
+        nvml: Some("ok".into()),
+    };
+    let t = Instant::now();
+    for i in 0..nodes {
+        for cmd in [
+            Command::CreateToken { token_id: format!("{i:032x}"), hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(), ttl_ms: 3_600_000, note: None },
+            Command::Enroll {
+                token_id: format!("{i:032x}"),
+                public_key: format!("{i:064x}"),
+                hostname: format!("gpu-{i}"),
+                inventory: inv.clone(),
+                new_node_id: format!("{i:08x}-0000-4000-8000-000000000000"),
+                credential_id: format!("{:032x}", i + (1 << 40)),
+                credential_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(),
+            },
+        ] {
+            idx += 1;
+            let env = Envelope { request_id: format!("r{idx}"), now_ms: 1_000_000, actor: "bench".into(), command: cmd };
+            app.apply(idx, &modelforge_raft::codec::encode(&env).unwrap());
+        }
+    }
+    let fill = t.elapsed();
+    let after_state = rss_kib();
+    let sup = Supervision::start(app.clone(), shards, 2_000_000)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    while sup.all().await.len() < nodes {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let first_build = t.elapsed();
+    for i in 0..nodes {
+        sup.heartbeat(&format!("{i:08x}-0000-4000-8000-000000000000"), 2_000_001, r#"{"accelerators":[{"uuid":"GPU-0","utilization_pct":50.0,"memory_used_mib":61234.0,"temperature_c":71.0,"power_draw_w":612.4}]}"#.into(), true);
+    }
+    let _ = sup.all().await;
+    let after_sup = rss_kib();
+    // A leader change: every shard rebuilds from the replicated state.
+    let t = Instant::now();
+    sup.rebuild(3_000_000);
+    let _ = sup.all().await; // every shard has processed its rebuild once it answers this
+    let rebuild = t.elapsed();
+    println!(
+        "{nodes:>7} nodes, {shards} shards: state {:.0} MiB, + supervisors {:.0} MiB, total RSS {:.0} MiB ({:.1} KiB/node); fill {:.1} s, first build {:.0} ms, rebuild after a leader change {:.0} ms",
+        (after_state.saturating_sub(base)) as f64 / 1024.0,
+        (after_sup.saturating_sub(after_state)) as f64 / 1024.0,
+        after_sup as f64 / 1024.0,
+        (after_sup.saturating_sub(base)) as f64 / nodes as f64,
+        fill.as_secs_f64(),
+        first_build.as_secs_f64() * 1000.0,
+        rebuild.as_secs_f64() * 1000.0
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let shards: usize = arg("--shards").and_then(|s| s.parse().ok()).unwrap_or(16);
+    if let Some(n) = arg("--one") {
+        one(n.parse().unwrap(), shards).await;
+        return;
+    }
+    let sizes = arg("--nodes").unwrap_or_else(|| "10000,100000".into());
+    for n in sizes.split(',') {
+        let st = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--one", n, "--shards", &shards.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}

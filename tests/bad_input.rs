@@ -61,7 +61,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
         ("POST", hb.clone(), vec![], b"{}".to_vec(), 401, "heartbeat without credential"),
         ("POST", hb.clone(), vec![("authorization", "Bearer mfet_abc".into())], b"{}".to_vec(), 401, "heartbeat with a credential of the wrong prefix"),
         ("POST", hb.clone(), vec![("authorization", format!("Bearer {}", &cred[..cred.len() - 1]))], b"{}".to_vec(), 401, "heartbeat with a credential of the wrong length"),
-        ("POST", hb.clone(), vec![("authorization", format!("Bearer {}0", &cred[..cred.len() - 1]))], b"{}".to_vec(), 401, "heartbeat with a bad checksum"),
+        ("POST", hb.clone(), vec![("authorization", format!("Bearer {}{}", &cred[..cred.len() - 1], if cred.ends_with('0') { '1' } else { '0' }))], b"{}".to_vec(), 401, "heartbeat with a bad checksum"),
         ("POST", hb.clone(), vec![("authorization", cred_h.clone())], br#"{"accelerators": "lots"}"#.to_vec(), 400, "heartbeat with wrongly typed telemetry"),
         ("POST", hb.clone(), vec![("authorization", cred_h.clone())], huge.clone(), 413, "heartbeat with a 2 MiB body"),
         ("POST", "/api/v1/agent/nodes/..%2F..%2Fetc/heartbeat".into(), vec![("authorization", cred_h.clone())], b"{}".to_vec(), 400, "node id with path characters"),

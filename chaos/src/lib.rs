@@ -96,6 +96,8 @@ pub struct RunReport {
 
 /// Run one chaos profile; `Err` is harness trouble, never a verdict on the system.
 pub async fn run(cfg: &RunConfig) -> Result<RunReport, HarnessError> {
+    // A run starts from empty data dirs (a replay must not inherit an earlier run's state).
+    let _ = std::fs::remove_dir_all(&cfg.work_dir);
     std::fs::create_dir_all(&cfg.work_dir).map_err(|e| HarnessError(format!("work dir: {e}")))?;
     let extra = vec!["--touch-interval".to_string(), "1s".to_string()];
     let mut cluster =
@@ -155,6 +157,11 @@ pub async fn run(cfg: &RunConfig) -> Result<RunReport, HarnessError> {
     )
     .ok();
     let count = |f: &dyn Fn(&FaultRecord) -> bool| faults.iter().filter(|x| f(x)).count();
+    std::fs::write(
+        cfg.work_dir.join("final-state.json"),
+        serde_json::to_vec(&fin).unwrap_or_default(),
+    )
+    .ok();
     Ok(RunReport {
         seed: cfg.seed,
         members: cfg.members,

@@ -121,6 +121,18 @@ async fn relay(
     let resendable = safe_to_resend(&parts.method, parts.uri.path(), &parts.headers);
     let deadline = tokio::time::Instant::now() + LEADER_WAIT;
     let (mut target_id, mut target_url) = (leader_id, leader_url.to_string());
+    // Whether any attempt may have reached a leader: then a write's outcome is unknown, even if
+    // a later attempt could not connect at all.
+    let mut maybe_sent = false;
+    let unknown_or = |maybe_sent: bool, certain: ApiError| {
+        if maybe_sent && method != reqwest::Method::GET {
+            ApiError::outcome_unknown(
+                "the leader did not answer; the request may or may not have applied (retry with the same Idempotency-Key)",
+            )
+        } else {
+            certain
+        }
+    };
     loop {
         let mut out = ctx
             .http
@@ -142,6 +154,7 @@ async fn relay(
             Ok(resp) => return relay_answer(resp).await,
             Err(e) => e,
         };
+        maybe_sent |= !err.is_connect();
         // The request certainly did not arrive (connect failed), or may be resent safely:
         // wait for leadership to move (or the leader to come back) and try again.
         if (err.is_connect() || resendable) && tokio::time::Instant::now() < deadline {
@@ -152,9 +165,12 @@ async fn relay(
                 })
                 .await;
             if ctx.consensus.is_leader() && me != target_id {
-                return Err(ApiError::unavailable(
-                    "leader_changed",
-                    "this member became the leader meanwhile; retry",
+                return Err(unknown_or(
+                    maybe_sent,
+                    ApiError::unavailable(
+                        "leader_changed",
+                        "this member became the leader meanwhile; retry",
+                    ),
                 ));
             }
             if let Some((id, url)) = ctx.consensus.leader().filter(|(id, _)| *id != me) {
@@ -162,16 +178,13 @@ async fn relay(
             }
             continue;
         }
-        return Err(if err.is_connect() || resendable {
+        return Err(unknown_or(
+            maybe_sent,
             ApiError::unavailable(
                 "no_leader",
                 "the leader could not be reached; retry shortly",
-            )
-        } else {
-            ApiError::outcome_unknown(
-                "the leader did not answer; the request may or may not have applied",
-            )
-        });
+            ),
+        ));
     }
 }
 

@@ -43,6 +43,32 @@ impl Replicated {
         cache.insert(credential_id.to_string(), digest);
     }
 
+    /// Entries learned from the leader: kept only for credentials that exist and are active
+    /// here (a revocation applied later still clears them, and the state always decides).
+    pub fn learn_verified(&self, entries: Vec<(String, [u8; 32])>) -> usize {
+        let state = self.read();
+        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        for (id, digest) in entries {
+            if state
+                .credentials
+                .get(&id)
+                .is_some_and(|c| c.revoked_at_ms.is_none())
+            {
+                cache.insert(id, digest);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub fn verified_entries(&self) -> usize {
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
     /// Decode an answer produced by [`Application::apply`].
     pub fn decode_result(bytes: &[u8]) -> ApplyResult {
         codec::decode(bytes).unwrap_or_else(|e| {

@@ -21,6 +21,8 @@ pub struct Liveness {
     /// credential id -> latest use not yet written to the log.
     pending_uses: Mutex<HashMap<String, i64>>,
     leader_since_ms: AtomicI64,
+    /// The term whose leadership the view was last rebuilt for.
+    view_term: std::sync::atomic::AtomicU64,
 }
 
 /// The thresholds of node status, in milliseconds.
@@ -36,6 +38,7 @@ impl Liveness {
             sup,
             pending_uses: Mutex::new(HashMap::new()),
             leader_since_ms: AtomicI64::new(0),
+            view_term: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -44,6 +47,17 @@ impl Liveness {
     pub fn set_leader_since(&self, ms: i64) {
         self.leader_since_ms.store(ms, Ordering::SeqCst);
         self.sup.rebuild(ms);
+    }
+
+    /// This member leads in `term`: start the grace window and rebuild the view once per term.
+    /// Called before any leader-side read or heartbeat is served, so nothing is judged from a
+    /// view left over from an earlier term.
+    pub fn on_leader(&self, term: u64, now_ms: i64) -> bool {
+        if self.view_term.swap(term, Ordering::SeqCst) != term {
+            self.set_leader_since(now_ms);
+            return true;
+        }
+        false
     }
 
     pub fn leader_since(&self) -> i64 {

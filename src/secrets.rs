@@ -45,6 +45,7 @@ pub struct Hasher {
     permits: Arc<tokio::sync::Semaphore>,
     waiting: Arc<AtomicUsize>,
     max_waiting: usize,
+    verifies: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Hasher {
@@ -56,6 +57,7 @@ impl Hasher {
             permits: Arc::new(tokio::sync::Semaphore::new(workers.max(1))),
             waiting: Arc::new(AtomicUsize::new(0)),
             max_waiting,
+            verifies: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
 
@@ -98,8 +100,14 @@ impl Hasher {
 
     /// Whether `secret` matches the stored PHC string. A malformed PHC string never matches.
     pub async fn verify(&self, phc: String, secret: String) -> Result<bool, ApiError> {
+        self.verifies.fetch_add(1, Ordering::Relaxed);
         self.run(move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok())
             .await
+    }
+
+    /// How many argon2 verifies this member has run.
+    pub fn verify_count(&self) -> u64 {
+        self.verifies.load(Ordering::Relaxed)
     }
 
     /// Time one hash at the configured parameters (for benchmarks and the startup log).

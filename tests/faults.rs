@@ -230,3 +230,63 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
     let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
     assert_eq!(v["nodes"].as_array().unwrap().len(), 1);
 }
+
+/// After a failover the new leader already holds the verified-credential cache entries the old
+/// leader built, so reconnecting agents cost it no argon2 verify (no storm of 10,000 verifies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() {
+    let mut c = Cluster::start(3).await;
+    let mut agents = vec![];
+    let mut nodes = vec![];
+    for i in 0..4 {
+        let t = c.new_token(600).await;
+        let mut a = Agent::new(c.root(), &format!("w{i}"), c.urls());
+        a.start(Some(&t));
+        nodes.push(a.wait_enrolled(None).await);
+        agents.push(a);
+    }
+    let leader = c.wait_leader().await;
+    let followers: Vec<u64> = c.ids.iter().copied().filter(|i| *i != leader).collect();
+    for f in &followers {
+        let c = &c;
+        wait_until(
+            "the follower learns the leader's verified credentials",
+            WAIT,
+            || async move {
+                let v = c.cluster_view(*f).await?;
+                (v["secret_checks"]["cache_entries"].as_u64()? >= 4).then_some(())
+            },
+        )
+        .await;
+    }
+    for a in agents.iter_mut() {
+        a.stop();
+    }
+    c.kill9(leader);
+    let new_leader = c.wait_leader().await;
+    let before = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
+        .as_u64()
+        .unwrap();
+    for (nid, cred) in &nodes {
+        let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(new_leader));
+        assert_eq!(call("POST", &url, Some(cred), Some(json!({}))).await.0, 200);
+    }
+    let after = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        after, before,
+        "the new leader re-ran argon2 for credentials the old leader had verified"
+    );
+    // A revocation still wins over a warm cache on every member.
+    let (nid, cred) = &nodes[0];
+    let (s, _) = c
+        .admin(
+            "DELETE",
+            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(c.heartbeat_all(nid, cred).await, vec![401, 401]);
+}

@@ -248,6 +248,11 @@ async fn authenticate_inner(
         // Re-check after the (slow) verify: a revocation may have applied meanwhile.
         revoked_or_missing(ctx)?;
         ctx.app.remember_verified(secret.id(), digest);
+        ctx.note_verified(secret.id(), digest);
+    } else {
+        ctx.checks
+            .cache_hits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if owner != node_id {
         return Err(ApiError::forbidden(

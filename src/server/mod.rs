@@ -85,6 +85,16 @@ pub struct Ctx {
     pub live: Liveness,
     pub http: reqwest::Client,
     pub peer_token: String,
+    /// Verified-cache entries not yet shared with the other members.
+    pub to_share: std::sync::Mutex<Vec<(String, [u8; 32])>>,
+    pub checks: SecretChecks,
+}
+
+/// Counters of the credential check, shown in `GET /api/v1/cluster`.
+#[derive(Default)]
+pub struct SecretChecks {
+    pub cache_hits: std::sync::atomic::AtomicU64,
+    pub shared_in: std::sync::atomic::AtomicU64,
 }
 
 pub type Shared = Arc<Ctx>;
@@ -136,11 +146,14 @@ pub async fn serve(
         live: Liveness::new(sup),
         http,
         peer_token,
+        to_share: Default::default(),
+        checks: Default::default(),
     });
     tokio::spawn(bootstrap(ctx.clone()));
     tokio::spawn(watch_leadership(ctx.clone()));
     tokio::spawn(write_coalesced_uses(ctx.clone()));
     tokio::spawn(record_node_events(ctx.clone()));
+    tokio::spawn(share_verified(ctx.clone()));
     axum::serve(listener, router(ctx.clone()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -196,6 +209,7 @@ pub fn router(ctx: Shared) -> Router {
         .route("/internal/v1/raft/{kind}", post(peer_rpc))
         .route("/internal/v1/propose", post(peer_propose))
         .route("/internal/v1/status", get(peer_status))
+        .route("/internal/v1/verified", post(peer_verified))
         .layer(DefaultBodyLimit::max(1 << 30));
     Router::new()
         .route("/healthz", get(healthz))
@@ -245,6 +259,12 @@ async fn cluster(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respon
         "last_log_index": s.last_log_index,
         "snapshot_index": s.snapshot_index,
         "members": s.members,
+        "secret_checks": {
+            "argon2_verifies": ctx.hasher.verify_count(),
+            "cache_hits": ctx.checks.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
+            "cache_entries": ctx.app.verified_entries(),
+            "entries_learned_from_leader": ctx.checks.shared_in.load(std::sync::atomic::Ordering::Relaxed),
+        },
     }))
     .into_response())
 }
@@ -311,7 +331,70 @@ async fn peer_propose(
     }
 }
 
+/// Entries of the leader's verified cache, learned by a follower so that it does not need 10,000
+/// argon2 verifies when it becomes leader after a failover.
+async fn peer_verified(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    let entries: Vec<(String, [u8; 32])> =
+        codec::decode(&body).map_err(|e| ApiError::bad_request("bad_peer_body", e.to_string()))?;
+    let n = ctx.app.learn_verified(entries);
+    ctx.checks
+        .shared_in
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(axum::Json(json!({"learned": n})).into_response())
+}
+
+/// Share newly verified cache entries with the other members, best effort, batched.
+///
+/// What travels is (credential id, SHA-256 of the credential), between authenticated members,
+/// into memory only: never the plaintext, never the Raft log or a snapshot. SHA-256 of a
+/// 256-bit random secret cannot be inverted any more than its argon2 hash can; the cache never
+/// decides alone (revocation and ownership are read from the state), and every member's apply
+/// clears a revoked credential's entry.
+async fn share_verified(ctx: Shared) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let batch = std::mem::take(&mut *ctx.to_share.lock().unwrap_or_else(|p| p.into_inner()));
+        if batch.is_empty() || !ctx.consensus.is_leader() {
+            continue;
+        }
+        let Ok(body) = codec::encode(&batch) else {
+            continue;
+        };
+        for m in ctx.consensus.status().members {
+            if m.id == ctx.cfg.node_id {
+                continue;
+            }
+            let url = format!(
+                "{}/internal/v1/verified",
+                ctx.peer_url(m.id, &m.url).trim_end_matches('/')
+            );
+            let req = ctx
+                .http
+                .post(url)
+                .header(PEER_HEADER, &ctx.peer_token)
+                .timeout(Duration::from_secs(2))
+                .body(body.clone());
+            if let Err(e) = req.send().await {
+                tracing::debug!(peer = m.id, error = %e.without_url(), "sharing verified credentials failed");
+            }
+        }
+    }
+}
+
 impl Ctx {
+    /// Queue a freshly verified credential digest for sharing with the other members.
+    pub fn note_verified(&self, credential_id: &str, digest: [u8; 32]) {
+        let mut q = self.to_share.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() < 100_000 {
+            q.push((credential_id.to_string(), digest));
+        }
+    }
+
     /// Replicate `command` and return its answer. Retries the same envelope (same request id,
     /// so it applies at most once) across leader changes until [`WRITE_DEADLINE`].
     pub async fn propose(
@@ -406,7 +489,10 @@ impl Ctx {
                 "not_leader",
                 format!("this member cannot serve a consistent read now: {e}"),
             )
-        })
+        })?;
+        // A new term's view is rebuilt before anything is judged from it.
+        self.live.on_leader(self.consensus.status().term, now_ms());
+        Ok(())
     }
 }
 
@@ -449,14 +535,16 @@ async fn bootstrap(ctx: Shared) {
 
 /// Track when this member became leader (the grace window of node status starts there).
 async fn watch_leadership(ctx: Shared) {
-    let mut was_leader = false;
     loop {
-        let leader = ctx.consensus.is_leader();
-        if leader && !was_leader {
-            ctx.live.set_leader_since(now_ms());
-            tracing::info!(term = ctx.consensus.status().term, "became leader");
+        if ctx.consensus.is_leader() {
+            let term = ctx.consensus.status().term;
+            if ctx.live.on_leader(term, now_ms()) {
+                tracing::info!(
+                    term,
+                    "became leader: node view rebuilt, grace window started"
+                );
+            }
         }
-        was_leader = leader;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

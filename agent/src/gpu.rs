@@ -313,3 +313,67 @@ fn statvfs(p: &std::path::Path) -> Option<(u64, u64)> {
     let frsize = st.f_frsize as u64;
     Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn simulated_fixture_and_absent_nvml_produce_the_same_shapes() {
+        let sim = GpuSource::open("simulated:2", "host-a").unwrap();
+        let dir = std::env::temp_dir().join(format!("mf-gpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fx = dir.join("f.json");
+        std::fs::write(&fx, r#"{"accelerators":[{"uuid":"GPU-1","name":"NVIDIA H200","memory_total_mib":143771,"pci_bus_id":"00000000:18:00.0","temperature_c":40}]}"#).unwrap();
+        let file = GpuSource::open(&format!("file:{}", fx.display()), "host-a").unwrap();
+        let (si, fi) = (
+            serde_json::to_value(sim.inventory()).unwrap(),
+            serde_json::to_value(file.inventory()).unwrap(),
+        );
+        assert_eq!(keys(&si), keys(&fi));
+        assert_eq!(keys(&si["accelerators"][0]), keys(&fi["accelerators"][0]));
+        let (st, ft) = (
+            serde_json::to_value(sim.telemetry()).unwrap(),
+            serde_json::to_value(file.telemetry()).unwrap(),
+        );
+        assert_eq!(keys(&st["accelerators"][0]), keys(&ft["accelerators"][0]));
+        assert_eq!(
+            ft["accelerators"][0]["temperature_c"], 40.0,
+            "fixture values win over simulated ones"
+        );
+        // Simulated GPUs are stable per host (an identity keeps its accelerators) and values move.
+        let again = GpuSource::open("simulated:2", "host-a").unwrap();
+        assert_eq!(serde_json::to_value(again.inventory()).unwrap(), si);
+        assert_ne!(
+            GpuSource::open("simulated:2", "host-b")
+                .unwrap()
+                .inventory()
+                .accelerators[0]
+                .uuid,
+            sim.inventory().accelerators[0].uuid
+        );
+        // A missing NVML is reported as such, with the same inventory shape and no accelerators.
+        let absent = GpuSource::Nvml(None, "absent".into());
+        let ai = serde_json::to_value(absent.inventory()).unwrap();
+        assert_eq!(keys(&ai), keys(&si));
+        assert_eq!(ai["nvml"], "absent");
+        assert!(GpuSource::open("bogus", "h").is_err());
+        assert!(GpuSource::open("file:/nonexistent/x.json", "h").is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn storage_roots_report_capacity() {
+        let r = storage_roots(&[std::env::temp_dir()]);
+        assert!(r[0].capacity_bytes > 0 && r[0].free_bytes <= r[0].capacity_bytes);
+    }
+}

@@ -27,6 +27,30 @@ use crate::cluster::ChaosCluster;
 use crate::cluster::HarnessError;
 use crate::nemesis::FaultRecord;
 
+/// The `modelforge` binary of the build a test binary belongs to (`target/<profile>/deps/<test>`
+/// -> `target/<profile>/modelforge`), built first if this test run has not built it.
+pub fn server_bin_for_tests() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps/<test>");
+    let bin = profile_dir.join("modelforge");
+    if !bin.exists() {
+        let mut c =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.args(["build", "-p", "modelforge", "--bin", "modelforge"]);
+        if profile_dir.ends_with("release") {
+            c.arg("--release");
+        }
+        assert!(
+            c.status().is_ok_and(|s| s.success()),
+            "building modelforge failed"
+        );
+    }
+    bin
+}
+
 /// splitmix64: a tiny seeded generator, so the schedule depends on the seed alone.
 #[derive(Clone)]
 pub struct Rng(u64);

@@ -10,19 +10,6 @@ use modelforge_proto::identity::IdentityKey;
 use serde_json::Value;
 use serde_json::json;
 
-fn server_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("modelforge");
-    if !bin.exists() {
-        let st = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "modelforge", "--bin", "modelforge"])
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-    bin
-}
-
 async fn req(
     c: &ChaosCluster,
     method: reqwest::Method,
@@ -113,7 +100,7 @@ async fn heartbeat(c: &ChaosCluster, member: usize, nid: &str, cred: &str) -> u1
 async fn cluster(n: usize) -> (ChaosCluster, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("mf-regress-{}", modelforge_proto::new_uuid()));
     std::fs::create_dir_all(&dir).unwrap();
-    let c = ChaosCluster::start(&server_bin(), &dir, n, &[])
+    let c = ChaosCluster::start(&modelforge_chaos::server_bin_for_tests(), &dir, n, &[])
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     (c, dir)

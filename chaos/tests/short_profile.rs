@@ -6,20 +6,6 @@ use std::time::Duration;
 
 use modelforge_chaos::RunConfig;
 
-fn server_bin() -> std::path::PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/modelforge
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("modelforge");
-    if !bin.exists() {
-        let st = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "modelforge", "--bin", "modelforge"])
-            .status()
-            .unwrap();
-        assert!(st.success(), "building modelforge failed");
-    }
-    bin
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_profile_finds_no_violation() {
     let seed = std::env::var("CHAOS_SEED")
@@ -38,7 +24,7 @@ async fn short_profile_finds_no_violation() {
         agents: 6,
         heartbeaters: 4,
         fault_every: Duration::from_millis(600),
-        server_bin: server_bin(),
+        server_bin: modelforge_chaos::server_bin_for_tests(),
         work_dir: work.clone(),
     };
     eprintln!(

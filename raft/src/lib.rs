@@ -260,6 +260,11 @@ impl<A: Application> Consensus<A> {
         m.state == ServerState::Leader && m.current_leader == Some(self.id)
     }
 
+    /// The current term, cheaply (no allocation; for hot paths).
+    pub fn current_term(&self) -> u64 {
+        self.raft.metrics().borrow_watched().current_term
+    }
+
     /// The leader as this member last heard of it: (id, URL).
     pub fn leader(&self) -> Option<(u64, String)> {
         let m = self.raft.metrics();

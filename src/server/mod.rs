@@ -491,7 +491,7 @@ impl Ctx {
             )
         })?;
         // A new term's view is rebuilt before anything is judged from it.
-        self.live.on_leader(self.consensus.status().term, now_ms());
+        self.live.on_leader(self.consensus.current_term(), now_ms());
         Ok(())
     }
 }
@@ -537,7 +537,7 @@ async fn bootstrap(ctx: Shared) {
 async fn watch_leadership(ctx: Shared) {
     loop {
         if ctx.consensus.is_leader() {
-            let term = ctx.consensus.status().term;
+            let term = ctx.consensus.current_term();
             if ctx.live.on_leader(term, now_ms()) {
                 tracing::info!(
                     term,

@@ -196,6 +196,33 @@ async fn identity_lost_enrols_a_new_node_and_the_hostname_conflict_shows() {
     assert_eq!(node["hostname_conflicts"], json!([old_id]));
     let node = c.node(&old_id).await;
     assert_eq!(node["hostname_conflicts"], json!([new_id]));
+    // "Which enabled nodes claim hostname H": both, until the old one is decommissioned.
+    let (s, v) = c
+        .admin(
+            "GET",
+            "/api/v1/admin/hardware/nodes?hostname=host-a&enabled=true",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let mut ids: Vec<&str> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node_id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    let mut want = vec![old_id.as_str(), new_id.as_str()];
+    want.sort();
+    assert_eq!(ids, want);
+    let (s, v) = c
+        .admin("GET", "/api/v1/admin/hardware/nodes?hostname=nobody", None)
+        .await;
+    assert_eq!((s, v["nodes"].as_array().unwrap().len()), (200, 0));
+    let (s, v) = c
+        .admin("GET", "/api/v1/admin/hardware/nodes?colour=red", None)
+        .await;
+    assert_eq!(s, 400, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -247,11 +247,29 @@ fn node_summary(
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeQuery {
+    /// Only nodes that claim this hostname ("which enabled nodes claim hostname H").
+    #[serde(default)]
+    hostname: Option<String>,
+    #[serde(default)]
+    enabled: Option<bool>,
+}
+
+/// `GET /api/v1/admin/hardware/nodes?hostname=&enabled=`.
 pub async fn list_nodes(
     State(ctx): State<Shared>,
     headers: HeaderMap,
+    query: Result<Query<NodeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
+    let Query(q) = query.map_err(|_| {
+        ApiError::bad_request(
+            "invalid_query",
+            "known filters: hostname=<name>, enabled=true|false",
+        )
+    })?;
     ctx.linearize().await?;
     let now = now_ms();
     let live = ctx.live.sup.all().await;
@@ -260,6 +278,8 @@ pub async fn list_nodes(
     let nodes: Vec<Value> = s
         .nodes
         .values()
+        .filter(|n| q.hostname.as_ref().is_none_or(|h| &n.hostname == h))
+        .filter(|n| q.enabled.is_none_or(|e| n.enabled == e))
         .map(|n| {
             let (l, at) = live.get(&n.node_id).unwrap_or(&fallback);
             node_summary(&ctx, &s, n, l, *at, now)

@@ -200,6 +200,97 @@ async fn leader(http: &reqwest::Client, members: &[Member]) -> Option<usize> {
     None
 }
 
+fn b64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = ((b[0] as u32) << 16) | ((b[1] as u32) << 8) | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Start a 3-member etcd on loopback (killed when the process exits); its client URLs.
+async fn start_etcd(dir: &std::path::Path) -> Option<Vec<String>> {
+    let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let peer: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let initial: Vec<String> = (0..3)
+        .map(|i| format!("e{i}=http://127.0.0.1:{}", peer[i]))
+        .collect();
+    for i in 0..3 {
+        let log = std::fs::File::create(dir.join(format!("etcd{i}.log"))).ok()?;
+        let child = Command::new(bin)
+            .args([
+                "--name",
+                &format!("e{i}"),
+                "--data-dir",
+                &dir.join(format!("etcd{i}")).display().to_string(),
+            ])
+            .args([
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{}", client[i]),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{}", client[i]),
+            ])
+            .args([
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{}", peer[i]),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{}", peer[i]),
+            ])
+            .args([
+                "--initial-cluster",
+                &initial.join(","),
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "loadgen",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .ok()?;
+        ETCD_PIDS.lock().unwrap().push(child);
+    }
+    let urls: Vec<String> = client
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let http = reqwest::Client::builder().no_proxy().build().ok()?;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        let mut healthy = 0;
+        for u in &urls {
+            if let Ok(r) = http.get(format!("{u}/health")).send().await
+                && r.json::<Value>().await.is_ok_and(|v| v["health"] == "true")
+            {
+                healthy += 1;
+            }
+        }
+        if healthy == 3 {
+            return Some(urls);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+static ETCD_PIDS: std::sync::Mutex<Vec<Child>> = std::sync::Mutex::new(Vec::new());
+
 #[tokio::main]
 async fn main() {
     let dur = Duration::from_millis(arg("--duration-ms", 5000));
@@ -407,6 +498,37 @@ async fn main() {
         report.insert(format!("writes_{c}_clients"), s.json());
     }
 
+    // Reference for replicated writes: a 3-member etcd 3.4 on loopback, written through its HTTP
+    // gateway with the same concurrency and default durability (Debian: etcd-server).
+    if let Some(etcd_urls) = start_etcd(dir.path()).await {
+        for c in [1usize, 16, 128] {
+            let (h, us) = (http.clone(), etcd_urls.clone());
+            let s = drive(c, dur, move |l, n| {
+                let (h, u) = (h.clone(), us[l % us.len()].clone());
+                async move {
+                    // key and value base64-encoded, as the gateway wants them
+                    let key = b64(format!("k{n}").as_bytes());
+                    let body = json!({"key": key, "value": "dmFsdWU="});
+                    h.post(format!("{u}/v3/kv/put"))
+                        .json(&body)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status() == 200)
+                }
+            })
+            .await;
+            println!(
+                "etcd puts,   {c:>3} clients:         {:>8.0}/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
+                s.rate(),
+                s.pct(0.5),
+                s.pct(0.99)
+            );
+            report.insert(format!("etcd_{c}_clients"), s.json());
+        }
+    } else {
+        println!("etcd reference: skipped (no etcd binary; apt-get install etcd-server)");
+    }
+
     // Failover: kill -9 the leader; time to the next acknowledged write through a survivor.
     let nid = agents[0].0.clone();
     let mut child = members[l].child.take().unwrap();
@@ -454,6 +576,10 @@ async fn main() {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+    for mut c in ETCD_PIDS.lock().unwrap().drain(..) {
+        let _ = c.kill();
+        let _ = c.wait();
     }
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/loadgen.json");
     std::fs::write(

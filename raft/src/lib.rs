@@ -173,6 +173,13 @@ impl<A: Application> Consensus<A> {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_logs),
             max_in_snapshot_log_to_keep: tuning.logs_kept_after_snapshot,
             install_snapshot_timeout: 10_000,
+            // A restarted leader must win a new election instead of resuming its old term: the
+            // log store lets replication read entries before they are flushed locally, so a
+            // leader killed with -9 can come back with a shorter log than the quorum committed.
+            // Resuming the same term would then reuse (term, index) pairs for other entries and
+            // split the members' states (the chaos suite caught exactly this). An election in a
+            // new term is safe: voters refuse a candidate whose log lacks committed entries.
+            enable_leader_restore: Some(false),
             ..Default::default()
         };
         let config = Arc::new(

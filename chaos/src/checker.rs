@@ -11,7 +11,7 @@ use crate::history::Op;
 use crate::history::Outcome;
 
 /// What the cluster holds after the final heal, read back through the admin API.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct FinalState {
     /// node id -> identity public key
     pub nodes: BTreeMap<String, String>,

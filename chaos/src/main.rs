@@ -16,6 +16,26 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // Re-check a finished run offline: `--check <work dir>` (history.json, final-state.json).
+    if let Some(dir) = arg(&args, "--check") {
+        let dir = PathBuf::from(dir);
+        let ops: Vec<modelforge_chaos::history::Op> =
+            serde_json::from_slice(&std::fs::read(dir.join("history.json")).expect("history.json"))
+                .expect("history");
+        let fin: modelforge_chaos::checker::FinalState = serde_json::from_slice(
+            &std::fs::read(dir.join("final-state.json")).expect("final-state.json"),
+        )
+        .expect("final state");
+        let (violations, res) = modelforge_chaos::checker::check(&ops, &fin);
+        println!("{} operations, unknown {res:?}", ops.len());
+        for v in &violations {
+            println!(
+                "VIOLATION [{}] {} (operations {:?})",
+                v.rule, v.detail, v.ops
+            );
+        }
+        std::process::exit(if violations.is_empty() { 0 } else { 1 });
+    }
     let num = |n: &str, d: u64| arg(&args, n).and_then(|v| v.parse().ok()).unwrap_or(d);
     let seed = num("--seed", modelforge_proto::now_ms() as u64);
     let exe = std::env::current_exe().expect("current exe");

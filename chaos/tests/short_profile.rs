@@ -7,7 +7,6 @@ use std::time::Duration;
 use modelforge_chaos::RunConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "an intermittent violation (about 1 run in 3) is open: see the session note; .ci/run runs this profile and reports it without blocking"]
 async fn short_profile_finds_no_violation() {
     let seed = std::env::var("CHAOS_SEED")
         .ok()
@@ -69,9 +68,12 @@ async fn short_profile_finds_no_violation() {
         "the profile must land 20 or more leader kills, got {}",
         report.leader_kills
     );
+    // A traffic floor, generous for a slow machine: the point is many enrolments with kills
+    // landing among them, not a throughput figure.
+    let attempts = report.enrolments_acknowledged + report.enrolment_retries;
     assert!(
-        report.enrolments_acknowledged >= 150,
-        "too little enrolment traffic: {}",
+        attempts >= 200 && report.enrolments_acknowledged >= 80,
+        "too little enrolment traffic: {} acknowledged, {attempts} requests",
         report.enrolments_acknowledged
     );
     let _ = std::fs::remove_dir_all(&work);

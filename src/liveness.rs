@@ -1,6 +1,6 @@
-//! What the heartbeat-processing member (the leader) knows about nodes without replicating
-//! it: the last heartbeat, the latest telemetry, the last refused request; and the queue of
-//! `last_used_at` updates that are written to the log coalesced, not per heartbeat.
+//! Node liveness on the heartbeat-processing member (the leader): the handle to the supervision
+//! tree that owns each node's live state (`supervisor.rs`), the leadership grace window, and the
+//! queue of `last_used_at` updates that are written to the log coalesced, not per heartbeat.
 //!
 //! Status rules (thresholds in config): `decommissioned` if so; `never_seen` if no heartbeat
 //! was ever accepted (here or, per the replicated `last_used_at`, anywhere); `online` if the

@@ -425,19 +425,10 @@ impl State {
                 credential_hash,
             ),
             Command::RevokeCredentials { node_id, reason } => {
-                let Some(node) = self.nodes.get(node_id) else {
+                if !self.nodes.contains_key(node_id) {
                     return Err(Refusal::new(404, "node_not_found", "no node with this id"));
-                };
-                let active: Vec<String> = node
-                    .credential_ids
-                    .iter()
-                    .filter(|c| {
-                        self.credentials
-                            .get(*c)
-                            .is_some_and(|c| c.revoked_at_ms.is_none())
-                    })
-                    .cloned()
-                    .collect();
+                }
+                let active = self.active_credential_ids(node_id);
                 for c in &active {
                     self.revoke(now, c, reason, true);
                 }
@@ -598,16 +589,7 @@ impl State {
         // Every older credential of the node is revoked in this same step. A claim retry
         // revokes only the undelivered credential and leaves the token claimable by the same
         // identity; any other supersession spends the token the old credential came from.
-        let old: Vec<String> = self.nodes[&node_id]
-            .credential_ids
-            .iter()
-            .filter(|c| {
-                self.credentials
-                    .get(*c)
-                    .is_some_and(|c| c.revoked_at_ms.is_none())
-            })
-            .cloned()
-            .collect();
+        let old = self.active_credential_ids(&node_id);
         for c in &old {
             let undelivered_retry = retry && claimed_credential.as_ref() == Some(c);
             let reason = if undelivered_retry {
@@ -720,6 +702,14 @@ impl State {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Ids of a node's active credentials, owned (for revoking them).
+    fn active_credential_ids(&self, node_id: &str) -> Vec<String> {
+        self.active_credentials(node_id)
+            .iter()
+            .map(|c| c.credential_id.clone())
+            .collect()
     }
 
     /// A digest of the whole state, to compare members.

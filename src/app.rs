@@ -23,9 +23,23 @@ use crate::state::State;
 pub struct Replicated {
     state: RwLock<State>,
     verified: Mutex<HashMap<String, [u8; 32]>>,
+    journal: std::sync::OnceLock<std::sync::Arc<crate::journal::Journal>>,
 }
 
 impl Replicated {
+    /// The state before log index 1: empty, or a restored backup's (see `backup.rs`).
+    pub fn with_base(state: State) -> Self {
+        Self {
+            state: RwLock::new(state),
+            ..Default::default()
+        }
+    }
+
+    /// Write the facts every apply decides into `journal` from now on.
+    pub fn attach_journal(&self, journal: std::sync::Arc<crate::journal::Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -87,6 +101,10 @@ impl Application for Replicated {
             Ok(env) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
                 let result = state.apply(log_index, &env);
+                let facts = std::mem::take(&mut state.journal.0);
+                if let Some(j) = self.journal.get() {
+                    j.append(log_index, facts);
+                }
                 // Only these two commands revoke; clear the cache for the node's revoked
                 // credentials in the same step, before any reader can see the new state.
                 let node_id = match &env.command {
@@ -122,6 +140,10 @@ impl Application for Replicated {
     }
 
     fn snapshot(&self) -> Vec<u8> {
+        // Facts covered by the snapshot will not be replayed from the log: on disk first.
+        if let Some(j) = self.journal.get() {
+            j.sync();
+        }
         codec::encode(&*self.read()).unwrap_or_default()
     }
 

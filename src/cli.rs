@@ -29,6 +29,71 @@ pub enum Cmd {
     Serve(Box<ServeArgs>),
     /// Print how long one argon2id hash takes at the given parameters, and the bound it sets.
     Argon2Bench(HashArgs),
+    /// Prepare a fresh member's data dir from a backup (`GET /api/v1/admin/backup`), re-applying
+    /// the revocation journals of the old members. Members started on dirs prepared from the
+    /// same backup and journals form the restored cluster; old members cannot join it.
+    Restore(RestoreArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RestoreArgs {
+    /// The backup file.
+    #[arg(long)]
+    pub from: PathBuf,
+    /// The data dir to prepare (must not hold a member's state).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// A revocation journal: a journal file or an old member's data dir (repeatable). Give
+    /// every one that survived; without any, restore warns what it cannot re-apply.
+    #[arg(long = "journal", value_name = "FILE_OR_DATA_DIR")]
+    pub journals: Vec<PathBuf>,
+    /// The member id this dir is for (only echoed in the `serve` command printed at the end).
+    #[arg(long)]
+    pub node_id: Option<u64>,
+    /// The restored cluster's membership (only echoed in the `serve` command printed).
+    #[arg(long = "peer", value_name = "ID=URL")]
+    pub peers: Vec<String>,
+}
+
+/// `modelforge restore`.
+pub fn restore(args: &RestoreArgs) -> anyhow::Result<()> {
+    let r = crate::backup::prepare(&args.from, &args.data_dir, &args.journals)?;
+    let b = &r.backup;
+    println!(
+        "restored backup of cluster {:?} taken at {} (index {}, {} nodes, {} active credentials, {} tokens)",
+        b.cluster, b.created_at, b.applied_index, b.nodes, b.active_credentials, b.tokens
+    );
+    println!(
+        "journals: {} ({} facts read, {} re-applied)",
+        if r.journals.is_empty() {
+            "none".to_string()
+        } else {
+            r.journals.join(", ")
+        },
+        r.journal_lines,
+        r.reapplied.len()
+    );
+    for what in &r.reapplied {
+        println!("  re-applied: {what}");
+    }
+    for w in &r.warnings {
+        eprintln!("WARNING: {w}");
+    }
+    println!("new cluster id: {}", r.cluster);
+    println!(
+        "data dir ready: {} (report in {})",
+        args.data_dir.display(),
+        args.data_dir.join(crate::backup::REPORT_FILE).display()
+    );
+    let mut serve = format!("modelforge serve --data-dir {}", args.data_dir.display());
+    if let Some(id) = args.node_id {
+        serve.push_str(&format!(" --node-id {id}"));
+    }
+    for p in &args.peers {
+        serve.push_str(&format!(" --peer {p}"));
+    }
+    println!("start it with: {serve}");
+    Ok(())
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -76,6 +141,11 @@ pub struct ServeArgs {
     /// Concurrent argon2 computations (default: the number of cores).
     #[arg(long, env = "MODELFORGE_HASH_WORKERS")]
     pub hash_workers: Option<usize>,
+    /// Node credentials the leader mints (and argon2-hashes) ahead of demand while idle, so
+    /// that a burst of up to this many enrolments pays one argon2 evaluation each instead of
+    /// two. Size it to the largest burst expected (a rack or a room powering on); 0 disables.
+    #[arg(long, env = "MODELFORGE_CREDENTIAL_POOL", default_value_t = 64)]
+    pub credential_pool: usize,
     /// Raft heartbeat interval.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub raft_heartbeat: Duration,
@@ -187,6 +257,7 @@ impl ServeArgs {
                 t: self.hash.argon2_t,
                 p: self.hash.argon2_p,
             },
+            credential_pool: self.credential_pool,
             hash_workers: self.hash_workers.unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get())

@@ -5,8 +5,10 @@
 //! [`state::State::apply`] (every replicated change).
 
 pub mod app;
+pub mod backup;
 pub mod cli;
 pub mod error;
+pub mod journal;
 pub mod liveness;
 pub mod secrets;
 pub mod server;

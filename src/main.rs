@@ -22,6 +22,7 @@ async fn main() {
             Err(e) => Err(e),
         },
         Cmd::Argon2Bench(args) => modelforge::cli::argon2_bench(&args),
+        Cmd::Restore(args) => modelforge::cli::restore(&args),
     };
     if let Err(e) = result {
         eprintln!("modelforge: {e:#}");

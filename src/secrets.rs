@@ -45,6 +45,7 @@ pub struct Hasher {
     permits: Arc<tokio::sync::Semaphore>,
     waiting: Arc<AtomicUsize>,
     max_waiting: usize,
+    workers: usize,
     verifies: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -57,6 +58,7 @@ impl Hasher {
             permits: Arc::new(tokio::sync::Semaphore::new(workers.max(1))),
             waiting: Arc::new(AtomicUsize::new(0)),
             max_waiting,
+            workers: workers.max(1),
             verifies: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
@@ -105,6 +107,16 @@ impl Hasher {
             .await
     }
 
+    /// Whether a worker is free and nothing waits for one: spare capacity for work done ahead.
+    fn idle(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) == 0 && self.permits.available_permits() > 0
+    }
+
+    /// How many hashes may run at once.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// How many argon2 verifies this member has run.
     pub fn verify_count(&self) -> u64 {
         self.verifies.load(Ordering::Relaxed)
@@ -118,6 +130,83 @@ impl Hasher {
     }
 }
 
+/// Node credentials minted ahead of demand: (credential, its argon2 hash) pairs made one at a
+/// time while the argon2 pool has nothing else to do.
+///
+/// Why: an enrolment costs an argon2 verify of the token plus an argon2 hash of the new
+/// credential. With a warm pool a burst of enrolments (a rack powering on) pays only the
+/// verify, so it runs at close to the argon2 bound instead of half of it. The plaintext of a
+/// pooled credential lives only in this member's memory until it is handed to exactly one
+/// enrolment (taken out under the lock, never cloned) and is lost with the process, which
+/// costs nothing: an unissued credential was never stored anywhere. The pool fills only on
+/// the leader (where enrolments are decided) and only while a worker is free and nothing
+/// waits, so it delays a heartbeat or an enrolment by at most the one hash in progress.
+pub struct CredentialMint {
+    ready: std::sync::Mutex<Vec<(modelforge_proto::secret::Secret, String)>>,
+    target: usize,
+    minted_ahead: std::sync::atomic::AtomicU64,
+    minted_inline: std::sync::atomic::AtomicU64,
+}
+
+impl CredentialMint {
+    pub fn new(target: usize) -> Self {
+        Self {
+            ready: Default::default(),
+            target,
+            minted_ahead: Default::default(),
+            minted_inline: Default::default(),
+        }
+    }
+
+    /// A fresh credential and its hash: from the pool when it has one, else hashed now.
+    pub async fn mint(
+        &self,
+        hasher: &Hasher,
+    ) -> Result<(modelforge_proto::secret::Secret, String), ApiError> {
+        use modelforge_proto::secret::Secret;
+        use modelforge_proto::secret::SecretKind;
+        if let Some(pair) = self.ready.lock().expect("mint lock").pop() {
+            return Ok(pair);
+        }
+        self.minted_inline.fetch_add(1, Ordering::Relaxed);
+        let credential = Secret::generate(SecretKind::NodeCredential);
+        let hash = hasher.hash(credential.expose().to_string()).await?;
+        Ok((credential, hash))
+    }
+
+    /// How many are ready now.
+    pub fn ready(&self) -> usize {
+        self.ready.lock().expect("mint lock").len()
+    }
+
+    /// (minted ahead, minted inline) since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.minted_ahead.load(Ordering::Relaxed),
+            self.minted_inline.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Mint one ahead if the pool is short and the hasher idle; whether it did.
+    pub async fn refill_one(&self, hasher: &Hasher) -> bool {
+        use modelforge_proto::secret::Secret;
+        use modelforge_proto::secret::SecretKind;
+        if self.ready() >= self.target || !hasher.idle() {
+            return false;
+        }
+        let credential = Secret::generate(SecretKind::NodeCredential);
+        let Ok(hash) = hasher.hash(credential.expose().to_string()).await else {
+            return false;
+        };
+        self.minted_ahead.fetch_add(1, Ordering::Relaxed);
+        self.ready
+            .lock()
+            .expect("mint lock")
+            .push((credential, hash));
+        true
+    }
+}
+
 /// Compare a presented bearer secret with the expected one in constant time (over digests,
 /// so the length does not leak either).
 pub fn same_secret(presented: &str, expected: &str) -> bool {
@@ -128,13 +217,19 @@ pub fn same_secret(presented: &str, expected: &str) -> bool {
 }
 
 /// The value of the peer header, derived from the cluster secret so that the secret itself
-/// (which may be the admin token) never travels between members.
-pub fn peer_token(cluster_secret: &str) -> String {
+/// (which may be the admin token) never travels between members, and from the cluster id, so
+/// that members of another cluster with the same secret (the old members of a restored
+/// cluster) are refused by every peer endpoint.
+pub fn peer_token(cluster_secret: &str, cluster_id: &str) -> String {
     use hmac::KeyInit;
     use hmac::Mac;
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(cluster_secret.as_bytes())
         .expect("hmac takes any key length");
     mac.update(b"modelforge-peer-v1");
+    if !cluster_id.is_empty() {
+        mac.update(b"/cluster/");
+        mac.update(cluster_id.as_bytes());
+    }
     modelforge_proto::hex(&mac.finalize().into_bytes())
 }
 
@@ -162,11 +257,39 @@ mod tests {
         assert!(!h.verify("not a phc".into(), "x".into()).await.unwrap());
     }
 
+    #[tokio::test]
+    async fn minted_ahead_credentials_verify_and_are_handed_out_once() {
+        let h = Hasher::new(
+            &HashParams {
+                m_kib: 1024,
+                t: 1,
+                p: 1,
+            },
+            2,
+            8,
+        )
+        .unwrap();
+        let mint = CredentialMint::new(3);
+        while mint.refill_one(&h).await {}
+        assert_eq!(mint.ready(), 3);
+        let mut ids = std::collections::HashSet::new();
+        for _ in 0..5 {
+            let (c, phc) = mint.mint(&h).await.unwrap();
+            assert!(h.verify(phc, c.expose().to_string()).await.unwrap());
+            assert!(
+                ids.insert(c.id().to_string()),
+                "a credential was handed out twice"
+            );
+        }
+        assert_eq!(mint.counts(), (3, 2));
+    }
+
     #[test]
     fn secrets_compare() {
         assert!(same_secret("abc", "abc"));
         assert!(!same_secret("abc", "abd"));
-        assert_ne!(peer_token("a"), peer_token("b"));
-        assert_eq!(peer_token("a").len(), 64);
+        assert_ne!(peer_token("a", ""), peer_token("b", ""));
+        assert_ne!(peer_token("a", ""), peer_token("a", "restored-1"));
+        assert_eq!(peer_token("a", "").len(), 64);
     }
 }

@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 use std::collections::VecDeque;
 
 use modelforge_proto::wire::Inventory;
+
+use crate::journal::Fact;
 use serde::Deserialize;
 use serde::Serialize;
 use sha2::Digest;
@@ -78,6 +80,12 @@ pub enum Command {
     RecordEvents {
         events: Vec<(String, String, String, u32)>,
     },
+    /// An admin took a backup (audit only): which member, at which index, its digest.
+    RecordBackup {
+        member: u64,
+        applied_index: u64,
+        state_digest: String,
+    },
 }
 
 impl Command {
@@ -90,6 +98,7 @@ impl Command {
             Command::TouchCredentials { .. } => "credential.touch",
             Command::UpdateInventory { .. } => "node.inventory",
             Command::RecordEvents { .. } => "node.events",
+            Command::RecordBackup { .. } => "cluster.backup",
         }
     }
 
@@ -132,6 +141,7 @@ pub enum Outcome {
     EventsRecorded {
         count: usize,
     },
+    BackupRecorded,
 }
 
 /// A refused command: the same on every member, mapped to HTTP by `error.rs`.
@@ -257,6 +267,10 @@ pub struct State {
     /// request id -> (applied at, answer).
     pub dedup: BTreeMap<String, (i64, ApplyResult)>,
     pub dedup_order: VecDeque<(i64, String)>,
+    /// Monotone facts decided by the latest applies, for the revocation journal (drained by
+    /// the apply path; not replicated state).
+    #[serde(skip)]
+    pub journal: crate::journal::Pending,
 }
 
 /// SHA-256 hex of an inventory's canonical JSON.
@@ -284,6 +298,17 @@ impl State {
                 }
                 (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
                 (Command::RevokeCredentials { node_id, .. }, _) => node_id.clone(),
+                (
+                    Command::RecordBackup {
+                        member,
+                        applied_index,
+                        state_digest,
+                    },
+                    _,
+                ) => format!(
+                    "member {member} index {applied_index} digest {}",
+                    &state_digest[..16.min(state_digest.len())]
+                ),
                 _ => String::new(),
             };
             let outcome = match &result {
@@ -401,7 +426,13 @@ impl State {
                         "the token was already claimed; revoke the node's credential instead",
                     ));
                 }
-                t.cancelled_at_ms.get_or_insert(now);
+                if t.cancelled_at_ms.is_none() {
+                    t.cancelled_at_ms = Some(now);
+                    self.journal.0.push(Fact::TokenCancelled {
+                        token_id: token_id.clone(),
+                        at_ms: now,
+                    });
+                }
                 Ok(Outcome::TokenCancelled {
                     token_id: token_id.clone(),
                 })
@@ -448,11 +479,12 @@ impl State {
                     count += 1;
                     if first {
                         let token_id = c.token_id.clone();
-                        self.spend_claim(token_id.as_deref(), id);
+                        self.spend_claim(now, token_id.as_deref(), id);
                     }
                 }
                 Ok(Outcome::Touched { count })
             }
+            Command::RecordBackup { .. } => Ok(Outcome::BackupRecorded),
             Command::RecordEvents { events } => {
                 let mut count = 0;
                 for (node_id, kind, detail, n) in events {
@@ -625,7 +657,13 @@ impl State {
                     credential_id: credential_id.to_string(),
                     claimed_at_ms: now,
                     spent: false,
-                })
+                });
+                self.journal.0.push(Fact::TokenClaimed {
+                    token_id: token_id.to_string(),
+                    node_id: node_id.clone(),
+                    public_key: public_key.to_string(),
+                    at_ms: now,
+                });
             }
         }
         let node = self
@@ -667,8 +705,14 @@ impl State {
         c.revoked_at_ms = Some(now);
         c.revoked_reason = Some(reason.to_string());
         let (node_id, token_id) = (c.node_id.clone(), c.token_id.clone());
+        self.journal.0.push(Fact::CredentialRevoked {
+            credential_id: credential_id.to_string(),
+            node_id: node_id.clone(),
+            at_ms: now,
+            reason: reason.to_string(),
+        });
         if spend {
-            self.spend_claim(token_id.as_deref(), credential_id);
+            self.spend_claim(now, token_id.as_deref(), credential_id);
         }
         if let Some(node) = self.nodes.get_mut(&node_id) {
             push_history(
@@ -680,13 +724,18 @@ impl State {
         }
     }
 
-    fn spend_claim(&mut self, token_id: Option<&str>, credential_id: &str) {
+    fn spend_claim(&mut self, now: i64, token_id: Option<&str>, credential_id: &str) {
         if let Some(claim) = token_id
             .and_then(|t| self.tokens.get_mut(t))
             .and_then(|t| t.claim.as_mut())
             && claim.credential_id == credential_id
+            && !claim.spent
         {
             claim.spent = true;
+            self.journal.0.push(Fact::TokenSpent {
+                token_id: token_id.unwrap_or_default().to_string(),
+                at_ms: now,
+            });
         }
     }
 
@@ -710,6 +759,92 @@ impl State {
             .iter()
             .map(|c| c.credential_id.clone())
             .collect()
+    }
+
+    /// Re-apply one journal fact to a restored state (see `journal.rs`): idempotent, and
+    /// never un-does anything. Returns what it changed, or None when the state already held
+    /// the fact or does not know its object (decided after the backup: nothing to re-apply).
+    pub fn reapply(&mut self, fact: &Fact) -> Option<String> {
+        const WHY: &str = "re-applied from the revocation journal after a restore";
+        match fact {
+            Fact::CredentialRevoked {
+                credential_id,
+                at_ms,
+                reason,
+                ..
+            } => {
+                let active = self
+                    .credentials
+                    .get(credential_id)
+                    .is_some_and(|c| c.revoked_at_ms.is_none());
+                if !active {
+                    return None;
+                }
+                self.revoke(*at_ms, credential_id, &format!("{reason} ({WHY})"), true);
+                Some(format!("credential {credential_id} revoked"))
+            }
+            Fact::TokenClaimed {
+                token_id,
+                node_id,
+                public_key,
+                at_ms,
+            } => {
+                let t = self.tokens.get_mut(token_id)?;
+                if t.claim.as_ref().is_some_and(|c| c.spent) {
+                    return None;
+                }
+                // The claim's credential is not in the backup: the token refuses everyone.
+                let claim = t.claim.get_or_insert_with(|| Claim {
+                    node_id: node_id.clone(),
+                    public_key: public_key.clone(),
+                    credential_id: String::new(),
+                    claimed_at_ms: *at_ms,
+                    spent: true,
+                });
+                claim.spent = true;
+                Some(format!(
+                    "token {token_id} spent (claimed by node {node_id})"
+                ))
+            }
+            Fact::TokenSpent { token_id, at_ms } => {
+                let t = self.tokens.get_mut(token_id)?;
+                match &mut t.claim {
+                    Some(c) if c.spent => None,
+                    Some(c) => {
+                        c.spent = true;
+                        Some(format!("token {token_id} spent"))
+                    }
+                    None => {
+                        // Claimed and spent after the backup, with no claim line: cancel it.
+                        t.cancelled_at_ms.get_or_insert(*at_ms);
+                        Some(format!(
+                            "token {token_id} cancelled (spent after the backup)"
+                        ))
+                    }
+                }
+            }
+            Fact::TokenCancelled { token_id, at_ms } => {
+                let t = self.tokens.get_mut(token_id)?;
+                if t.cancelled_at_ms.is_some() || t.claim.is_some() {
+                    return None;
+                }
+                t.cancelled_at_ms = Some(*at_ms);
+                Some(format!("token {token_id} cancelled"))
+            }
+            Fact::NodeDecommissioned { node_id, at_ms, .. } => {
+                let node = self.nodes.get_mut(node_id)?;
+                if node.decommissioned_at_ms.is_some() {
+                    return None;
+                }
+                node.decommissioned_at_ms = Some(*at_ms);
+                node.enabled = false;
+                push_history(node, *at_ms, "decommissioned", WHY.to_string());
+                for c in self.active_credential_ids(node_id) {
+                    self.revoke(*at_ms, &c, "node decommissioned", true);
+                }
+                Some(format!("node {node_id} decommissioned"))
+            }
+        }
     }
 
     /// A digest of the whole state, to compare members.

@@ -146,8 +146,7 @@ pub async fn enroll(
             "the enrolment token is not valid",
         ));
     }
-    let credential = Secret::generate(SecretKind::NodeCredential);
-    let credential_hash = ctx.hasher.hash(credential.expose().to_string()).await?;
+    let (credential, credential_hash) = ctx.mint.mint(&ctx.hasher).await?;
     let cmd = Command::Enroll {
         token_id: token.id().to_string(),
         public_key: req.identity.public_key.clone(),

@@ -9,6 +9,7 @@
 
 mod admin;
 mod agent;
+mod backup;
 mod extract;
 mod forward;
 
@@ -63,6 +64,7 @@ pub struct ServeConfig {
     pub cluster_secret: String,
     pub hash_params: HashParams,
     pub hash_workers: usize,
+    pub credential_pool: usize,
     pub tuning: RaftTuning,
     pub thresholds: StatusThresholds,
     pub max_body_bytes: usize,
@@ -82,9 +84,12 @@ pub struct Ctx {
     pub consensus: Consensus<Replicated>,
     pub app: Arc<Replicated>,
     pub hasher: Hasher,
+    pub mint: crate::secrets::CredentialMint,
     pub live: Liveness,
     pub http: reqwest::Client,
     pub peer_token: String,
+    /// "" for a cluster formed from scratch; `restored-...` for one formed from a backup.
+    pub cluster_id: String,
     /// Verified-cache entries not yet shared with the other members.
     pub to_share: std::sync::Mutex<Vec<(String, [u8; 32])>>,
     pub checks: SecretChecks,
@@ -112,8 +117,14 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)?;
-    let app = Arc::new(Replicated::default());
-    let peer_token = secrets::peer_token(&cfg.cluster_secret);
+    // A restored member starts from the backup's state (see backup.rs); others from empty.
+    let (base, cluster_id) = crate::backup::load_base(&cfg.data_dir)?;
+    if !cluster_id.is_empty() {
+        tracing::info!(cluster = %cluster_id, nodes = base.nodes.len(), "member of a restored cluster");
+    }
+    let app = Arc::new(Replicated::with_base(base));
+    app.attach_journal(crate::journal::Journal::open(&cfg.data_dir, &cluster_id)?);
+    let peer_token = secrets::peer_token(&cfg.cluster_secret, &cluster_id);
     let consensus = Consensus::start(
         cfg.node_id,
         &cfg.data_dir.join("raft"),
@@ -137,15 +148,18 @@ pub async fn serve(
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .build()?;
+    let mint = crate::secrets::CredentialMint::new(cfg.credential_pool);
     let sup = crate::supervisor::Supervision::start(app.clone(), cfg.node_shards, now_ms()).await?;
     let ctx = Arc::new(Ctx {
         cfg,
         consensus: consensus.clone(),
         app,
+        mint,
         hasher,
         live: Liveness::new(sup),
         http,
         peer_token,
+        cluster_id,
         to_share: Default::default(),
         checks: Default::default(),
     });
@@ -154,6 +168,9 @@ pub async fn serve(
     tokio::spawn(write_coalesced_uses(ctx.clone()));
     tokio::spawn(record_node_events(ctx.clone()));
     tokio::spawn(share_verified(ctx.clone()));
+    for _ in 0..ctx.hasher.workers() {
+        tokio::spawn(mint_ahead(ctx.clone()));
+    }
     axum::serve(listener, router(ctx.clone()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -209,6 +226,7 @@ pub fn router(ctx: Shared) -> Router {
         .route("/internal/v1/raft/{kind}", post(peer_rpc))
         .route("/internal/v1/propose", post(peer_propose))
         .route("/internal/v1/status", get(peer_status))
+        .route("/internal/v1/read-index", get(peer_read_index))
         .route("/internal/v1/verified", post(peer_verified))
         .layer(DefaultBodyLimit::max(1 << 30));
     Router::new()
@@ -216,6 +234,7 @@ pub fn router(ctx: Shared) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/cluster/state-digest", get(admin::state_digest))
+        .route("/api/v1/admin/backup", get(backup::backup))
         .merge(leader_routes)
         .merge(peer_routes)
         .fallback(|| async { ApiError::not_found("not_found", "no such endpoint") })
@@ -259,11 +278,17 @@ async fn cluster(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respon
         "last_log_index": s.last_log_index,
         "snapshot_index": s.snapshot_index,
         "members": s.members,
+        "cluster_id": ctx.cluster_id,
         "secret_checks": {
             "argon2_verifies": ctx.hasher.verify_count(),
             "cache_hits": ctx.checks.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
             "cache_entries": ctx.app.verified_entries(),
             "entries_learned_from_leader": ctx.checks.shared_in.load(std::sync::atomic::Ordering::Relaxed),
+        },
+        "credential_pool": {
+            "ready": ctx.mint.ready(),
+            "minted_ahead": ctx.mint.counts().0,
+            "minted_inline": ctx.mint.counts().1,
         },
     }))
     .into_response())
@@ -306,6 +331,21 @@ async fn peer_status(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Re
     require_peer(&ctx, &headers)?;
     let initialized = ctx.consensus.is_initialized().await;
     Ok(axum::Json(json!({"initialized": initialized, "id": ctx.cfg.node_id})).into_response())
+}
+
+/// The leader's read index for a follower: confirmed with a quorum, then the index the
+/// follower must have applied before its local read is linearizable.
+async fn peer_read_index(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    ctx.consensus
+        .read_index()
+        .await
+        .map_err(|e| ApiError::unavailable("not_leader", e.to_string()))?;
+    let applied = ctx.consensus.status().applied_index;
+    Ok(axum::Json(json!({"index": applied})).into_response())
 }
 
 /// A member whose write found another leader hands the encoded envelope over here.
@@ -483,6 +523,56 @@ impl Ctx {
     }
 
     /// Confirm leadership by lease before a read of the local state.
+    /// Make a local read linearizable on any member: on the leader a read index with a quorum;
+    /// on a follower the leader's read index, then wait until this member has applied it.
+    pub async fn read_anywhere(&self) -> Result<(), ApiError> {
+        if self.consensus.is_leader() {
+            return self.consensus.read_index().await.map_err(|e| {
+                ApiError::unavailable("not_leader", format!("read index failed: {e}"))
+            });
+        }
+        let Some((id, url)) = self.consensus.leader() else {
+            return Err(ApiError::unavailable("no_leader", "no leader is known"));
+        };
+        let url = self.peer_url(id, &url);
+        let v: serde_json::Value = self
+            .http
+            .get(format!(
+                "{}/internal/v1/read-index",
+                url.trim_end_matches('/')
+            ))
+            .header(PEER_HEADER, &self.peer_token)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| {
+                ApiError::unavailable(
+                    "no_leader",
+                    format!("leader unreachable: {}", e.without_url()),
+                )
+            })?
+            .json()
+            .await
+            .map_err(|_| {
+                ApiError::unavailable("no_leader", "the leader did not answer the read index")
+            })?;
+        let index = v["index"].as_u64().ok_or_else(|| {
+            ApiError::unavailable("no_leader", "the leader refused the read index")
+        })?;
+        if self
+            .consensus
+            .wait_for(Duration::from_secs(10), |s| s.applied_index >= index)
+            .await
+        {
+            Ok(())
+        } else {
+            Err(ApiError::unavailable(
+                "not_caught_up",
+                "this member has not caught up with the leader",
+            ))
+        }
+    }
+
     pub async fn linearize(&self) -> Result<(), ApiError> {
         self.consensus.lease_read().await.map_err(|e| {
             ApiError::unavailable(
@@ -546,6 +636,15 @@ async fn watch_leadership(ctx: Shared) {
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fill the leader's pool of credentials minted ahead (see [`crate::secrets::CredentialMint`]).
+async fn mint_ahead(ctx: Shared) {
+    loop {
+        if !(ctx.consensus.is_leader() && ctx.mint.refill_one(&ctx.hasher).await) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 

@@ -1,0 +1,52 @@
+//! The benchmark's smoke profile runs every scenario small against real members: this checks
+//! that the benchmark works (every scenario ran and wrote its figures), not how fast anything is.
+
+#[test]
+fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_modelforge-bench"));
+    let server = exe.parent().unwrap().join("modelforge");
+    assert!(
+        server.exists(),
+        "build the server first: cargo build --workspace --bins"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let status = std::process::Command::new(&exe)
+        .args(["--profile", "smoke", "--server"])
+        .arg(&server)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "modelforge-bench --profile smoke failed");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    for key in [
+        "bare_axum",
+        "argon2",
+        "enrol_burst",
+        "heartbeats_all_to_the_leader",
+        "heartbeats_spread_over_3_members",
+        "writes_1_clients",
+        "writes_16_clients",
+        "writes_128_clients",
+        "rss_mib_small",
+        "heartbeats_open_loop",
+        "failover",
+        "rss_mib_large",
+    ] {
+        assert!(!v[key].is_null(), "{key} missing from the figures");
+    }
+    assert_eq!(
+        v["failover"]["never_back"], 0,
+        "an agent never got 200 again"
+    );
+    assert!(v["failover"]["write_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["enrol_burst"]["per_s"].as_f64().unwrap() > 0.0);
+    let rss = v["rss_mib_large"]["members"].as_array().unwrap();
+    assert!(
+        rss.iter().all(|m| m.as_f64().unwrap() > 0.0),
+        "every member's RSS was read"
+    );
+    assert!(v["table"].as_array().unwrap().len() >= 12);
+}

@@ -1,0 +1,304 @@
+//! Backups of the replicated state, and the preparation of a restored member's data dir.
+//!
+//! A backup file:
+//!
+//! ```text
+//! "MFBACKUP" | format (1 byte) | header length (u32 LE) | header (JSON) |
+//! payload length (u64 LE) | payload (the State, through raft::codec) | SHA-256 of all before
+//! ```
+//!
+//! The header says where the backup came from (cluster, committed index, time, counts, the
+//! state's digest) so that an operator can read it without decoding the payload. The state
+//! holds argon2 hashes only, never a plaintext secret.
+//!
+//! Restore (`modelforge restore`) never talks to a cluster: it checks the file, re-applies the
+//! revocation journals (see `journal.rs`), and writes the result as the member's *base state*
+//! (`restore/base.state`): the state before log index 1 of a new cluster. Every member of the
+//! restored cluster is prepared from the same backup and journals, so their bases are equal;
+//! the new cluster's id is derived from the base, and peer authentication is derived from the
+//! id, so members of the old cluster (or a member given other journals) cannot join it.
+
+use std::io::Write;
+use std::path::Path;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use anyhow::bail;
+use serde::Deserialize;
+use serde::Serialize;
+use sha2::Digest;
+
+use crate::journal;
+use crate::state::State;
+
+const MAGIC: &[u8; 8] = b"MFBACKUP";
+const FORMAT: u8 = 1;
+/// The base state of a restored member, inside its data dir.
+pub const BASE_FILE: &str = "restore/base.state";
+/// What the restore did, for operators (JSON).
+pub const REPORT_FILE: &str = "restore/report.json";
+/// The cluster id of a member (absent: the original cluster of this data dir, id "").
+pub const CLUSTER_ID_FILE: &str = "cluster.id";
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Header {
+    pub format: u8,
+    pub cluster: String,
+    pub created_at: String,
+    pub taken_by_member: u64,
+    pub applied_index: u64,
+    pub state_clock_ms: i64,
+    pub state_digest: String,
+    pub nodes: usize,
+    pub credentials: usize,
+    pub active_credentials: usize,
+    pub tokens: usize,
+    pub audit_events: usize,
+    pub payload_bytes: u64,
+}
+
+/// Encode a backup of `state`.
+pub fn encode(state: &State, cluster: &str, member: u64, now_ms: i64) -> Vec<u8> {
+    let payload = modelforge_raft::codec::encode(state).unwrap_or_default();
+    let header = Header {
+        format: FORMAT,
+        cluster: cluster.to_string(),
+        created_at: modelforge_proto::rfc3339_ms(now_ms),
+        taken_by_member: member,
+        applied_index: state.last_applied_index,
+        state_clock_ms: state.clock_ms,
+        state_digest: modelforge_proto::hex(&sha2::Sha256::digest(&payload)),
+        nodes: state.nodes.len(),
+        credentials: state.credentials.len(),
+        active_credentials: state
+            .credentials
+            .values()
+            .filter(|c| c.revoked_at_ms.is_none())
+            .count(),
+        tokens: state.tokens.len(),
+        audit_events: state.audit.len(),
+        payload_bytes: payload.len() as u64,
+    };
+    let header = serde_json::to_vec(&header).unwrap_or_default();
+    let mut out = Vec::with_capacity(payload.len() + header.len() + 64);
+    out.extend_from_slice(MAGIC);
+    out.push(FORMAT);
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let sum = sha2::Sha256::digest(&out);
+    out.extend_from_slice(&sum);
+    out
+}
+
+/// Check and decode a backup: magic, format, checksum, then the payload's digest.
+pub fn decode(bytes: &[u8]) -> anyhow::Result<(Header, State)> {
+    if bytes.len() < MAGIC.len() + 1 + 4 + 8 + 32 || &bytes[..8] != MAGIC {
+        bail!("not a ModelForge backup (bad magic or too short)");
+    }
+    if bytes[8] != FORMAT {
+        bail!(
+            "backup format {} is not supported (this build reads format {FORMAT})",
+            bytes[8]
+        );
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 32);
+    if sha2::Sha256::digest(body).as_slice() != sum {
+        bail!("backup checksum mismatch: the file is truncated or corrupted");
+    }
+    let hlen = u32::from_le_bytes(body[9..13].try_into().expect("4 bytes")) as usize;
+    let rest = body.get(13..).unwrap_or_default();
+    if rest.len() < hlen + 8 {
+        bail!("backup header length is out of range");
+    }
+    let header: Header =
+        serde_json::from_slice(&rest[..hlen]).context("backup header is not valid JSON")?;
+    let plen = u64::from_le_bytes(rest[hlen..hlen + 8].try_into().expect("8 bytes")) as usize;
+    let payload = &rest[hlen + 8..];
+    if payload.len() != plen || plen as u64 != header.payload_bytes {
+        bail!("backup payload length does not match its header");
+    }
+    if modelforge_proto::hex(&sha2::Sha256::digest(payload)) != header.state_digest {
+        bail!("backup payload digest does not match its header");
+    }
+    let state: State = modelforge_raft::codec::decode(payload)
+        .map_err(|e| anyhow::anyhow!("backup payload does not decode: {e}"))?;
+    Ok((header, state))
+}
+
+/// The outcome of preparing a restored data dir.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestoreReport {
+    pub backup: Header,
+    pub cluster: String,
+    pub journals: Vec<String>,
+    pub journal_lines: usize,
+    pub unreadable_journal_lines: usize,
+    /// Facts the backup did not hold yet, now applied.
+    pub reapplied: Vec<String>,
+    /// Said loudly when there is something restore could not vouch for.
+    pub warnings: Vec<String>,
+}
+
+/// Write `state` as the base state of a fresh data dir; returns the new cluster id.
+fn write_base(data_dir: &Path, state: &State) -> anyhow::Result<String> {
+    let bytes = modelforge_raft::codec::encode(state)
+        .map_err(|e| anyhow::anyhow!("encode the restored state: {e}"))?;
+    let digest = modelforge_proto::hex(&sha2::Sha256::digest(&bytes));
+    let cluster = format!("restored-{}", &digest[..24]);
+    let base = data_dir.join(BASE_FILE);
+    std::fs::create_dir_all(base.parent().expect("restore dir"))?;
+    write_atomic(&base, &bytes)?;
+    write_atomic(&data_dir.join(CLUSTER_ID_FILE), cluster.as_bytes())?;
+    Ok(cluster)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Prepare `data_dir` (which must hold no Raft state) from the backup at `from`, re-applying
+/// every fact of the given journals (files or data dirs).
+pub fn prepare(
+    from: &Path,
+    data_dir: &Path,
+    journals: &[PathBuf],
+) -> anyhow::Result<RestoreReport> {
+    let bytes =
+        std::fs::read(from).with_context(|| format!("read the backup {}", from.display()))?;
+    let (header, mut state) = decode(&bytes)?;
+    if data_dir.join("raft").exists() || data_dir.join(BASE_FILE).exists() {
+        bail!(
+            "{} already holds a member's state: restore into a fresh data dir",
+            data_dir.display()
+        );
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let mut report = RestoreReport {
+        backup: header.clone(),
+        cluster: String::new(),
+        journals: vec![],
+        journal_lines: 0,
+        unreadable_journal_lines: 0,
+        reapplied: vec![],
+        warnings: vec![],
+    };
+    for j in journals {
+        let path = journal::resolve(j);
+        let (lines, bad) =
+            journal::read(&path).with_context(|| format!("read the journal {}", path.display()))?;
+        report.journals.push(path.display().to_string());
+        report.journal_lines += lines.len();
+        report.unreadable_journal_lines += bad;
+        if bad > 1 {
+            report.warnings.push(format!(
+                "{bad} unreadable lines in {} (one torn last line is normal after a crash)",
+                path.display()
+            ));
+        }
+        if !lines.is_empty() && !lines.iter().any(|l| l.cluster == header.cluster) {
+            report.warnings.push(format!(
+                "{} is from cluster {:?}, not the backup's {:?}: its facts were applied anyway \
+                 (they only ever revoke, spend or cancel)",
+                path.display(),
+                lines[0].cluster,
+                header.cluster
+            ));
+        }
+        for line in &lines {
+            if let Some(what) = state.reapply(&line.fact) {
+                report.reapplied.push(what);
+            }
+        }
+    }
+    if journals.is_empty() {
+        let pending = state
+            .tokens
+            .values()
+            .filter(|t| t.claim.as_ref().is_none_or(|c| !c.spent) && t.cancelled_at_ms.is_none())
+            .count();
+        report.warnings.push(format!(
+            "NO REVOCATION JOURNAL GIVEN: revocations, spent or cancelled tokens and \
+             decommissions decided after this backup (taken at {}, index {}) cannot be \
+             re-applied. {} credentials active in the backup would be accepted again even if \
+             they were revoked since, and {} unspent tokens could be claimed again. Pass \
+             --journal <member data dir> for every member whose disk survived.",
+            header.created_at, header.applied_index, header.active_credentials, pending
+        ));
+    }
+    state.journal.0.clear();
+    report.cluster = write_base(data_dir, &state)?;
+    write_atomic(
+        &data_dir.join(REPORT_FILE),
+        &serde_json::to_vec_pretty(&report).unwrap_or_default(),
+    )?;
+    Ok(report)
+}
+
+/// The base state and cluster id of a data dir: (empty, "") unless it was restored.
+pub fn load_base(data_dir: &Path) -> anyhow::Result<(State, String)> {
+    let cluster = match std::fs::read_to_string(data_dir.join(CLUSTER_ID_FILE)) {
+        Ok(s) => s.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).context("read cluster.id"),
+    };
+    let base = match std::fs::read(data_dir.join(BASE_FILE)) {
+        Ok(bytes) => modelforge_raft::codec::decode(&bytes)
+            .map_err(|e| anyhow::anyhow!("restore/base.state does not decode: {e}"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+        Err(e) => return Err(e).context("read restore/base.state"),
+    };
+    Ok((base, cluster))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> State {
+        State {
+            clock_ms: 42,
+            last_applied_index: 7,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_backup_round_trips_and_any_flipped_byte_is_refused() {
+        let s = sample();
+        let bytes = encode(&s, "c", 1, 1_000);
+        let (h, back) = decode(&bytes).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(h.applied_index, 7);
+        for i in [0, 8, 12, bytes.len() / 2, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(decode(&bad).is_err(), "flipped byte {i} was accepted");
+        }
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn restore_refuses_a_used_data_dir_and_says_when_no_journal_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("b.mfbackup");
+        std::fs::write(&file, encode(&sample(), "c", 1, 1_000)).unwrap();
+        let data = dir.path().join("m1");
+        let r = prepare(&file, &data, &[]).unwrap();
+        assert!(r.warnings[0].contains("NO REVOCATION JOURNAL"));
+        assert!(r.cluster.starts_with("restored-"));
+        let (base, cluster) = load_base(&data).unwrap();
+        assert_eq!(cluster, r.cluster);
+        assert_eq!(base.clock_ms, 42);
+        assert!(prepare(&file, &data, &[]).is_err());
+    }
+}

@@ -235,6 +235,15 @@ pub fn prepare(
             header.created_at, header.applied_index, header.active_credentials, pending
         ));
     }
+    // Nothing restored is trusted until measured again: allocations wait for their node's
+    // fresh report, and every enabled node for a passing smoke.
+    let enabled: Vec<String> = state
+        .nodes
+        .values()
+        .filter(|n| n.enabled && n.decommissioned_at_ms.is_none())
+        .map(|n| n.node_id.clone())
+        .collect();
+    state.sched.distrust_after_restore(enabled.into_iter());
     state.journal.0.clear();
     report.cluster = write_base(data_dir, &state)?;
     write_atomic(

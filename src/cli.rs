@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// two. Size it to the largest burst expected (a rack or a room powering on); 0 disables.
     #[arg(long, env = "MODELFORGE_CREDENTIAL_POOL", default_value_t = 64)]
     pub credential_pool: usize,
+    /// Offer a node recovered by the runbook (re-enrolled, or first seen after a restore) to
+    /// the scheduler only after a passing capability smoke.
+    #[arg(long, env = "MODELFORGE_REQUIRE_SMOKE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub require_smoke: bool,
     /// Raft heartbeat interval.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub raft_heartbeat: Duration,
@@ -258,6 +262,7 @@ impl ServeArgs {
                 p: self.hash.argon2_p,
             },
             credential_pool: self.credential_pool,
+            require_smoke: self.require_smoke,
             hash_workers: self.hash_workers.unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get())

@@ -83,6 +83,12 @@ impl From<Refusal> for ApiError {
             "node_not_found" => "node_not_found",
             "node_decommissioned" => "node_decommissioned",
             "bad_command" => "bad_command",
+            "no_capacity" => "no_capacity",
+            "invalid_allocation" => "invalid_allocation",
+            "allocation_not_found" => "allocation_not_found",
+            "smoke_exists" => "smoke_exists",
+            "smoke_not_found" => "smoke_not_found",
+            "wrong_node" => "wrong_node",
             _ => "refused",
         };
         Self {

@@ -19,6 +19,8 @@ use std::collections::VecDeque;
 use modelforge_proto::wire::Inventory;
 
 use crate::journal::Fact;
+
+pub mod sched;
 use serde::Deserialize;
 use serde::Serialize;
 use sha2::Digest;
@@ -86,6 +88,32 @@ pub enum Command {
         applied_index: u64,
         state_digest: String,
     },
+    /// Place an allocation on GPUs the leader chose from what it measured.
+    Allocate {
+        allocation_id: String,
+        node_id: String,
+        accelerator_uuids: Vec<String>,
+        owner: String,
+        idempotency_key: Option<String>,
+    },
+    Release {
+        allocation_id: String,
+    },
+    /// A node's fresh report: GPUs present, and those running something.
+    Reconcile {
+        node_id: String,
+        present: Vec<String>,
+        busy: Vec<String>,
+    },
+    StartSmoke {
+        smoke_id: String,
+        node_id: String,
+    },
+    SmokeResult {
+        smoke_id: String,
+        node_id: String,
+        checks: Vec<sched::SmokeCheck>,
+    },
 }
 
 impl Command {
@@ -99,6 +127,11 @@ impl Command {
             Command::UpdateInventory { .. } => "node.inventory",
             Command::RecordEvents { .. } => "node.events",
             Command::RecordBackup { .. } => "cluster.backup",
+            Command::Allocate { .. } => "allocation.create",
+            Command::Release { .. } => "allocation.release",
+            Command::Reconcile { .. } => "scheduler.reconcile",
+            Command::StartSmoke { .. } => "smoke.start",
+            Command::SmokeResult { .. } => "smoke.result",
         }
     }
 
@@ -109,6 +142,7 @@ impl Command {
             Command::TouchCredentials { .. }
                 | Command::UpdateInventory { .. }
                 | Command::RecordEvents { .. }
+                | Command::Reconcile { .. }
         )
     }
 }
@@ -142,6 +176,24 @@ pub enum Outcome {
         count: usize,
     },
     BackupRecorded,
+    Allocated {
+        allocation_id: String,
+        node_id: String,
+        accelerator_uuids: Vec<String>,
+    },
+    Released {
+        allocation_id: String,
+    },
+    Reconciled {
+        confirmed: Vec<String>,
+        released: Vec<String>,
+    },
+    SmokeStarted {
+        smoke_id: String,
+    },
+    SmokeFinished {
+        passed: bool,
+    },
 }
 
 /// A refused command: the same on every member, mapped to HTTP by `error.rs`.
@@ -267,6 +319,8 @@ pub struct State {
     /// request id -> (applied at, answer).
     pub dedup: BTreeMap<String, (i64, ApplyResult)>,
     pub dedup_order: VecDeque<(i64, String)>,
+    /// Allocations, smokes, and what the scheduler must re-measure.
+    pub sched: sched::Scheduling,
     /// Monotone facts decided by the latest applies, for the revocation journal (drained by
     /// the apply path; not replicated state).
     #[serde(skip)]
@@ -298,6 +352,10 @@ impl State {
                 }
                 (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
                 (Command::RevokeCredentials { node_id, .. }, _) => node_id.clone(),
+                (Command::Allocate { node_id, .. }, _) => node_id.clone(),
+                (Command::Release { allocation_id }, _) => allocation_id.clone(),
+                (Command::StartSmoke { node_id, .. }, _)
+                | (Command::SmokeResult { node_id, .. }, _) => node_id.clone(),
                 (
                     Command::RecordBackup {
                         member,
@@ -485,6 +543,39 @@ impl State {
                 Ok(Outcome::Touched { count })
             }
             Command::RecordBackup { .. } => Ok(Outcome::BackupRecorded),
+            Command::Allocate {
+                allocation_id,
+                node_id,
+                accelerator_uuids,
+                owner,
+                idempotency_key,
+            } => self.allocate(
+                now,
+                allocation_id,
+                node_id,
+                accelerator_uuids,
+                owner,
+                idempotency_key.as_ref(),
+            ),
+            Command::Release { allocation_id } => {
+                self.release(now, allocation_id, "released by its owner")
+            }
+            Command::Reconcile {
+                node_id,
+                present,
+                busy,
+            } => self.reconcile(
+                now,
+                node_id,
+                &present.iter().cloned().collect(),
+                &busy.iter().cloned().collect(),
+            ),
+            Command::StartSmoke { smoke_id, node_id } => self.start_smoke(now, smoke_id, node_id),
+            Command::SmokeResult {
+                smoke_id,
+                node_id,
+                checks,
+            } => self.smoke_result(now, smoke_id, node_id, checks),
             Command::RecordEvents { events } => {
                 let mut count = 0;
                 for (node_id, kind, detail, n) in events {
@@ -687,6 +778,10 @@ impl State {
         push_history(node, now, kind, format!("token {token_id}"));
         push_history(node, now, "credential_issued", credential_id.to_string());
         set_inventory(node, now, inventory);
+        if reenrolled && !retry {
+            // Recovered by the runbook: offered to the scheduler only after a passing smoke.
+            self.sched.smoke_required.insert(node_id.clone());
+        }
         Ok(Outcome::Enrolled {
             node_id,
             credential_id: credential_id.to_string(),

@@ -3,6 +3,7 @@
 //! when it cannot enrol or its credential is refused and it has no token to re-enrol.
 
 mod gpu;
+mod smoke;
 mod state_dir;
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use modelforge_proto::wire::EnrollRequest;
 use modelforge_proto::wire::EnrollResponse;
 use modelforge_proto::wire::ErrorBody;
 use modelforge_proto::wire::Inventory;
+use modelforge_proto::wire::Job;
 use tracing_subscriber::EnvFilter;
 
 use crate::gpu::GpuSource;
@@ -138,6 +140,8 @@ struct Agent {
     gpus: GpuSource,
     cp: ControlPlane,
     token_spent: bool,
+    /// Smokes already run and reported (a job repeats until its report lands).
+    smokes_done: std::collections::HashSet<String>,
 }
 
 impl Agent {
@@ -282,7 +286,49 @@ impl Agent {
                 .call(reqwest::Method::POST, &path, Some(cred), &telemetry)
                 .await
             {
-                Reply::Ok(..) => tracing::debug!("heartbeat ok"),
+                Reply::Ok(v) => {
+                    tracing::debug!("heartbeat ok");
+                    let jobs: Vec<Job> =
+                        serde_json::from_value(v["jobs"].clone()).unwrap_or_default();
+                    for job in jobs {
+                        let Job::Smoke {
+                            smoke_id,
+                            expected_uuids,
+                        } = job;
+                        if self.smokes_done.contains(&smoke_id) {
+                            continue;
+                        }
+                        tracing::info!(smoke_id, "running the capability smoke");
+                        let report =
+                            smoke::run(&self.gpus, &self.inventory(), &expected_uuids, &smoke_id);
+                        let failed = report.checks.iter().filter(|c| !c.ok).count();
+                        let rpath = format!("/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}");
+                        match self
+                            .cp
+                            .call(reqwest::Method::POST, &rpath, Some(cred), &report)
+                            .await
+                        {
+                            Reply::Ok(..) => {
+                                tracing::info!(smoke_id, failed, "capability smoke reported");
+                                self.smokes_done.insert(smoke_id);
+                            }
+                            Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),
+                            Reply::Refused(403, code, _) => return Refusal::Forbidden(code),
+                            Reply::Refused(s, code, m) => {
+                                tracing::warn!(
+                                    status = s,
+                                    code,
+                                    message = m,
+                                    "smoke report refused"
+                                );
+                                self.smokes_done.insert(smoke_id);
+                            }
+                            Reply::Unreachable(why) => {
+                                tracing::warn!(reason = %why, "smoke report not delivered; retried with the next heartbeat")
+                            }
+                        }
+                    }
+                }
                 Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),
                 Reply::Refused(403, code, _) => return Refusal::Forbidden(code),
                 Reply::Refused(s, code, m) => {
@@ -322,6 +368,7 @@ async fn start(args: Args) -> anyhow::Result<()> {
         gpus,
         cp,
         token_spent: false,
+        smokes_done: Default::default(),
     };
     agent.run().await
 }

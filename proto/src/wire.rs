@@ -107,6 +107,36 @@ pub struct HeartbeatResponse {
     pub status: String,
     pub node_id: String,
     pub server_time: String,
+    /// Work for the agent (older agents ignore it; older members send none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<Job>,
+}
+
+/// A job handed to the agent with a heartbeat answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    /// Run the capability smoke and report it to
+    /// `POST /api/v1/agent/nodes/{node_id}/smoke/{smoke_id}`.
+    Smoke {
+        smoke_id: String,
+        /// The accelerators the control plane has in the node's inventory.
+        expected_uuids: Vec<String>,
+    },
+}
+
+/// One check of a capability smoke.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeCheckReport {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// The agent's smoke report.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeReport {
+    pub checks: Vec<SmokeCheckReport>,
 }
 
 /// The contract's error body: `{"error": {"code", "message"}}`.

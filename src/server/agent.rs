@@ -23,6 +23,8 @@ use modelforge_proto::wire::EnrollRequest;
 use modelforge_proto::wire::EnrollResponse;
 use modelforge_proto::wire::HeartbeatResponse;
 use modelforge_proto::wire::Inventory;
+use modelforge_proto::wire::Job;
+use modelforge_proto::wire::SmokeReport;
 use modelforge_proto::wire::Telemetry;
 use serde_json::json;
 
@@ -303,12 +305,106 @@ pub async fn heartbeat(
             .into_boxed_str(),
         report,
     );
+    if report {
+        let present = telemetry
+            .accelerators
+            .iter()
+            .filter_map(|a| a.uuid.clone())
+            .collect();
+        let busy = telemetry
+            .accelerators
+            .iter()
+            .filter(|a| !a.processes.is_empty())
+            .filter_map(|a| a.uuid.clone())
+            .collect();
+        super::scheduler::reconcile_after_report(&ctx, &node_id, present, busy);
+    }
+    let jobs = {
+        let s = ctx.app.read();
+        s.sched
+            .pending_smoke(&node_id)
+            .map(|smoke| {
+                let expected_uuids = s
+                    .nodes
+                    .get(&node_id)
+                    .map(|n| {
+                        n.inventory
+                            .accelerators
+                            .iter()
+                            .map(|a| a.uuid.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                vec![Job::Smoke {
+                    smoke_id: smoke.smoke_id.clone(),
+                    expected_uuids,
+                }]
+            })
+            .unwrap_or_default()
+    };
     let body = HeartbeatResponse {
         status: "ok".into(),
         node_id,
         server_time: rfc3339_ms(now),
+        jobs,
     };
     Ok(axum::Json(body).into_response())
+}
+
+/// `POST /api/v1/agent/nodes/{node_id}/smoke/{smoke_id}`: the agent's smoke report.
+pub async fn smoke_report(
+    State(ctx): State<Shared>,
+    Path((node_id, smoke_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    JsonBody(report): JsonBody<SmokeReport>,
+) -> Result<Response, ApiError> {
+    let credential_id = authenticate(&ctx, &node_id, &headers).await?;
+    check_id("smoke_id", &smoke_id)?;
+    if report.checks.is_empty() || report.checks.len() > 1024 {
+        return Err(ApiError::bad_request(
+            "invalid_smoke_report",
+            "a smoke report has 1 to 1024 checks",
+        ));
+    }
+    if report
+        .checks
+        .iter()
+        .any(|c| c.name.is_empty() || c.name.len() > MAX_FIELD_LEN || c.detail.len() > 4096)
+    {
+        return Err(ApiError::bad_request(
+            "invalid_smoke_report",
+            "a check needs a name under 512 bytes and a detail under 4096",
+        ));
+    }
+    record_use(&ctx, &credential_id).await?;
+    let cmd = Command::SmokeResult {
+        smoke_id,
+        node_id: node_id.clone(),
+        checks: report
+            .checks
+            .into_iter()
+            .map(|c| crate::state::sched::SmokeCheck {
+                name: c.name,
+                ok: c.ok,
+                detail: c.detail,
+            })
+            .collect(),
+    };
+    match ctx
+        .propose(
+            &format!("agent:{node_id}"),
+            modelforge_proto::new_uuid(),
+            cmd,
+        )
+        .await?
+    {
+        Outcome::SmokeFinished { passed } => {
+            Ok(axum::Json(json!({"passed": passed})).into_response())
+        }
+        other => Err(ApiError::internal(format!(
+            "unexpected answer to a smoke report: {other:?}"
+        ))),
+    }
 }
 
 /// `PUT /api/v1/agent/nodes/{node_id}/inventory`: replicated only when it changed.

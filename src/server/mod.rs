@@ -12,6 +12,7 @@ mod agent;
 mod backup;
 mod extract;
 mod forward;
+mod scheduler;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -65,6 +66,9 @@ pub struct ServeConfig {
     pub hash_params: HashParams,
     pub hash_workers: usize,
     pub credential_pool: usize,
+    /// Offer a recovered node (re-enrolled, or restored) to the scheduler only after a
+    /// passing capability smoke.
+    pub require_smoke: bool,
     pub tuning: RaftTuning,
     pub thresholds: StatusThresholds,
     pub max_body_bytes: usize,
@@ -90,6 +94,9 @@ pub struct Ctx {
     pub peer_token: String,
     /// "" for a cluster formed from scratch; `restored-...` for one formed from a backup.
     pub cluster_id: String,
+    /// Placements are chosen and proposed one at a time, so that racing requests see each
+    /// other's GPUs taken instead of all choosing the same free one.
+    pub placement: tokio::sync::Mutex<()>,
     /// Verified-cache entries not yet shared with the other members.
     pub to_share: std::sync::Mutex<Vec<(String, [u8; 32])>>,
     pub checks: SecretChecks,
@@ -160,6 +167,7 @@ pub async fn serve(
         http,
         peer_token,
         cluster_id,
+        placement: Default::default(),
         to_share: Default::default(),
         checks: Default::default(),
     });
@@ -217,6 +225,24 @@ pub fn router(ctx: Shared) -> Router {
             axum::routing::delete(admin::revoke_credential),
         )
         .route("/api/v1/admin/audit", get(admin::audit))
+        .route("/api/v1/allocations", post(scheduler::allocate))
+        .route(
+            "/api/v1/allocations/{allocation_id}",
+            axum::routing::delete(scheduler::release),
+        )
+        .route("/api/v1/admin/scheduler", get(scheduler::view))
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/smoke",
+            post(scheduler::start_smoke),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}",
+            get(scheduler::show_smoke),
+        )
+        .route(
+            "/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}",
+            post(agent::smoke_report),
+        )
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
             forward::leader_gate,

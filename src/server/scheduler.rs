@@ -1,0 +1,354 @@
+//! The scheduler's API and the capability smoke's admin side.
+//!
+//! Life of an allocation: admin token -> leadership by lease -> the leader's measured view
+//! (supervisor shards: a node's accelerators count only if a report arrived since this member
+//! last rebuilt its view) -> candidates: enabled, not decommissioned, not waiting for a smoke
+//! (when `--require-smoke`, the default), GPUs in the inventory with enough memory, not
+//! allocated, not busy outside the scheduler -> best fit (the node with the fewest free GPUs
+//! that still fits, so large requests keep finding whole nodes) -> propose `Allocate`, which
+//! re-checks in apply and refuses `no_capacity` if a racing placement took a GPU first. The
+//! leader chooses and proposes one placement at a time (`Ctx::placement`), so racing requests
+//! see each other's choices; the re-check in apply is what keeps a GPU single-use across a
+//! leader change.
+
+use std::collections::BTreeSet;
+
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use modelforge_proto::now_ms;
+use modelforge_proto::rfc3339_ms;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::Shared;
+use super::extract::JsonBody;
+use super::extract::check_id;
+use super::extract::request_id;
+use super::extract::require_admin;
+use crate::error::ApiError;
+use crate::state::Command;
+use crate::state::Outcome;
+use crate::state::State as Replicated;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocationRequest {
+    accelerators: u32,
+    min_memory_mib: Option<u64>,
+    owner: String,
+}
+
+/// Whether this member has a hardware report of `node_id` since it last rebuilt its view.
+fn verified(live: Option<&crate::supervisor::NodeLive>, rebuilt_at: i64) -> bool {
+    live.and_then(|l| l.last_report_ms)
+        .is_some_and(|r| r >= rebuilt_at)
+}
+
+/// GPUs of a node free for placement, with at least `min_mib` of memory (unknown memory
+/// counts as not enough when a minimum is asked).
+fn free_gpus(s: &Replicated, node_id: &str, min_mib: Option<u64>) -> Vec<String> {
+    let Some(node) = s.nodes.get(node_id) else {
+        return vec![];
+    };
+    let taken = s.sched.allocated(node_id);
+    let busy = s.sched.external_busy.get(node_id);
+    node.inventory
+        .accelerators
+        .iter()
+        .filter(|a| min_mib.is_none_or(|m| a.memory_total_mib.is_some_and(|have| have >= m)))
+        .filter(|a| !taken.contains(a.uuid.as_str()))
+        .filter(|a| !busy.is_some_and(|b| b.contains(&a.uuid)))
+        .map(|a| a.uuid.clone())
+        .collect()
+}
+
+/// `POST /api/v1/allocations`.
+pub async fn allocate(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<AllocationRequest>,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    if req.accelerators == 0 || req.accelerators > 256 {
+        return Err(ApiError::bad_request(
+            "invalid_allocation",
+            "accelerators must be between 1 and 256",
+        ));
+    }
+    if req.owner.is_empty() || req.owner.len() > 256 {
+        return Err(ApiError::bad_request(
+            "invalid_allocation",
+            "owner must be 1 to 256 characters",
+        ));
+    }
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let rid = request_id(&headers, "admin")?;
+    let _placing = ctx.placement.lock().await;
+    ctx.linearize().await?;
+    let existing = key.as_ref().and_then(|k| {
+        let s = ctx.app.read();
+        s.sched
+            .by_key
+            .get(k)
+            .and_then(|id| s.sched.allocations.get(id))
+            .cloned()
+    });
+    if let Some(a) = existing {
+        return Ok(created(&a.allocation_id, &a.node_id, &a.accelerator_uuids));
+    }
+    let live = ctx.live.sup.all().await;
+    let rebuilt_at = ctx.live.sup.rebuilt_at();
+    let choice = {
+        let s = ctx.app.read();
+        let mut best: Option<(usize, String, Vec<String>)> = None;
+        for (id, node) in &s.nodes {
+            if !node.enabled
+                || node.decommissioned_at_ms.is_some()
+                || (ctx.cfg.require_smoke && s.sched.smoke_required.contains(id))
+                || !verified(live.get(id).map(|(l, _)| l), rebuilt_at)
+            {
+                continue;
+            }
+            let free = free_gpus(&s, id, req.min_memory_mib);
+            if free.len() >= req.accelerators as usize
+                && best.as_ref().is_none_or(|(n, _, _)| free.len() < *n)
+            {
+                best = Some((free.len(), id.clone(), free));
+            }
+        }
+        best
+    };
+    let Some((_, node_id, free)) = choice else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_capacity",
+            "no enabled node has that many verified free accelerators (only GPUs measured since \
+             this member's view was rebuilt, on nodes past their smoke, are placed on)",
+        ));
+    };
+    let cmd = Command::Allocate {
+        allocation_id: modelforge_proto::new_uuid(),
+        node_id,
+        accelerator_uuids: free.into_iter().take(req.accelerators as usize).collect(),
+        owner: req.owner,
+        idempotency_key: key,
+    };
+    match ctx.propose("admin", rid, cmd).await? {
+        Outcome::Allocated {
+            allocation_id,
+            node_id,
+            accelerator_uuids,
+        } => Ok(created(&allocation_id, &node_id, &accelerator_uuids)),
+        other => Err(ApiError::internal(format!(
+            "unexpected answer to an allocation: {other:?}"
+        ))),
+    }
+}
+
+fn created(allocation_id: &str, node_id: &str, uuids: &[String]) -> Response {
+    (
+        StatusCode::CREATED,
+        axum::Json(
+            json!({"allocation_id": allocation_id, "node_id": node_id, "accelerator_uuids": uuids}),
+        ),
+    )
+        .into_response()
+}
+
+/// `DELETE /api/v1/allocations/{allocation_id}`.
+pub async fn release(
+    State(ctx): State<Shared>,
+    Path(allocation_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("allocation_id", &allocation_id)?;
+    let rid = request_id(&headers, "admin")?;
+    ctx.propose(
+        "admin",
+        rid,
+        Command::Release {
+            allocation_id: allocation_id.clone(),
+        },
+    )
+    .await?;
+    Ok(axum::Json(json!({"released": allocation_id})).into_response())
+}
+
+/// `GET /api/v1/admin/scheduler`: every enabled node as the scheduler sees it.
+pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    ctx.linearize().await?;
+    let live = ctx.live.sup.all().await;
+    let rebuilt_at = ctx.live.sup.rebuilt_at();
+    let s = ctx.app.read();
+    let mut nodes = vec![];
+    for (id, node) in &s.nodes {
+        if node.decommissioned_at_ms.is_some() {
+            continue;
+        }
+        let allocations: Vec<Value> = s
+            .sched
+            .allocations
+            .values()
+            .filter(|a| &a.node_id == id)
+            .map(|a| {
+                json!({"allocation_id": a.allocation_id, "owner": a.owner,
+                       "accelerator_uuids": a.accelerator_uuids,
+                       "state": if a.confirmed { "confirmed" } else { "unconfirmed" },
+                       "created_at": rfc3339_ms(a.created_at_ms)})
+            })
+            .collect();
+        let verified = verified(live.get(id).map(|(l, _)| l), rebuilt_at);
+        let smoke_required = s.sched.smoke_required.contains(id);
+        let offered = node.enabled && verified && !(ctx.cfg.require_smoke && smoke_required);
+        let free: Vec<String> = if offered {
+            free_gpus(&s, id, None)
+        } else {
+            vec![]
+        };
+        let busy: Vec<&String> = s
+            .sched
+            .external_busy
+            .get(id)
+            .map(|b| b.iter().collect())
+            .unwrap_or_default();
+        nodes.push(json!({
+            "node_id": id,
+            "hostname": node.hostname,
+            "enabled": node.enabled,
+            "verified": verified,
+            "smoke_required": smoke_required,
+            "offered": offered,
+            "accelerators": node.inventory.accelerators.len(),
+            "free_accelerators": free.len(),
+            "free_accelerator_uuids": free,
+            "busy_outside_scheduler": busy,
+            "allocations": allocations,
+        }));
+    }
+    Ok(axum::Json(json!({
+        "view_rebuilt_at": rfc3339_ms(rebuilt_at),
+        "require_smoke": ctx.cfg.require_smoke,
+        "nodes": nodes,
+    }))
+    .into_response())
+}
+
+/// `POST /api/v1/admin/hardware/nodes/{node_id}/smoke` -> 202 `{smoke_id}`.
+pub async fn start_smoke(
+    State(ctx): State<Shared>,
+    Path(node_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    let rid = request_id(&headers, "admin")?;
+    let smoke_id = format!("smk-{}", &rid.replace('-', "")[..20.min(rid.len())]);
+    let cmd = Command::StartSmoke {
+        smoke_id: smoke_id.clone(),
+        node_id,
+    };
+    match ctx.propose("admin", rid, cmd).await? {
+        Outcome::SmokeStarted { smoke_id } => Ok((
+            StatusCode::ACCEPTED,
+            axum::Json(json!({"smoke_id": smoke_id})),
+        )
+            .into_response()),
+        other => Err(ApiError::internal(format!(
+            "unexpected answer to a smoke: {other:?}"
+        ))),
+    }
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}`.
+pub async fn show_smoke(
+    State(ctx): State<Shared>,
+    Path((node_id, smoke_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    check_id("smoke_id", &smoke_id)?;
+    ctx.linearize().await?;
+    let s = ctx.app.read();
+    let Some(smoke) = s
+        .sched
+        .smokes
+        .get(&smoke_id)
+        .filter(|x| x.node_id == node_id)
+    else {
+        return Err(ApiError::not_found(
+            "smoke_not_found",
+            "no such smoke for this node",
+        ));
+    };
+    Ok(axum::Json(json!({
+        "smoke_id": smoke.smoke_id,
+        "node_id": smoke.node_id,
+        "state": smoke.state,
+        "checks": smoke.checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect::<Vec<_>>(),
+        "created_at": rfc3339_ms(smoke.created_at_ms),
+        "finished_at": smoke.finished_at_ms.map(rfc3339_ms),
+    }))
+    .into_response())
+}
+
+/// After a fresh report of `node_id` (telemetry naming accelerators): reconcile what the
+/// replicated state believes with what was measured, when they differ. Off the heartbeat's
+/// path (spawned); at most one write per report, none when nothing is to be changed.
+pub fn reconcile_after_report(
+    ctx: &Shared,
+    node_id: &str,
+    present: BTreeSet<String>,
+    busy: BTreeSet<String>,
+) {
+    let needed = {
+        let s = ctx.app.read();
+        let unconfirmed = s
+            .sched
+            .allocations
+            .values()
+            .any(|a| a.node_id == node_id && !a.confirmed);
+        let allocated: BTreeSet<String> = s
+            .sched
+            .allocated(node_id)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let external: BTreeSet<String> = busy.difference(&allocated).cloned().collect();
+        let recorded = s
+            .sched
+            .external_busy
+            .get(node_id)
+            .cloned()
+            .unwrap_or_default();
+        unconfirmed || external != recorded
+    };
+    if !needed {
+        return;
+    }
+    let (ctx, node_id) = (ctx.clone(), node_id.to_string());
+    tokio::spawn(async move {
+        let cmd = Command::Reconcile {
+            node_id: node_id.clone(),
+            present: present.into_iter().collect(),
+            busy: busy.into_iter().collect(),
+        };
+        let at = now_ms();
+        if let Err(e) = ctx
+            .propose("system", format!("reconcile-{node_id}-{at}"), cmd)
+            .await
+        {
+            tracing::warn!(node_id, code = e.code, "scheduler reconcile not written");
+        }
+    });
+}

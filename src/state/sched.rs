@@ -1,0 +1,378 @@
+//! The replicated part of the scheduler and of the capability smoke.
+//!
+//! Placement is chosen by the leader from what it has *measured* (accelerators verified by a
+//! report since it rebuilt its view; `server/scheduler.rs`); apply re-checks everything that
+//! the replicated state can check (node enabled, GPUs in its inventory and free), so that two
+//! placements racing for one GPU can never both succeed: the second is refused `no_capacity`.
+//!
+//! After a restore every allocation is `unconfirmed` and every enabled node needs a passing
+//! smoke before it is offered again (`backup::prepare` sets both); the node's first fresh
+//! report reconciles its allocations (`Reconcile`): confirmed when its GPUs are present and
+//! busy, released when a GPU vanished or nothing runs on them, and GPUs busy without an
+//! allocation are marked in use outside the scheduler.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use super::ApplyResult;
+use super::Outcome;
+use super::Refusal;
+use super::State;
+use super::push_history;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Allocation {
+    pub allocation_id: String,
+    pub node_id: String,
+    pub accelerator_uuids: Vec<String>,
+    pub owner: String,
+    pub created_at_ms: i64,
+    /// False after a restore until the node's fresh report confirms it.
+    pub confirmed: bool,
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeCheck {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Smoke {
+    pub smoke_id: String,
+    pub node_id: String,
+    /// `pending`, `passed` or `failed`.
+    pub state: String,
+    pub checks: Vec<SmokeCheck>,
+    pub created_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Scheduling {
+    pub allocations: BTreeMap<String, Allocation>,
+    /// Idempotency-Key -> allocation id (a retry returns the first result).
+    pub by_key: BTreeMap<String, String>,
+    /// node -> GPUs seen busy in its latest report without an allocation.
+    pub external_busy: BTreeMap<String, BTreeSet<String>>,
+    /// Nodes that must pass a smoke before they are offered (re-enrolled, or restored).
+    pub smoke_required: BTreeSet<String>,
+    pub smokes: BTreeMap<String, Smoke>,
+}
+
+impl Scheduling {
+    /// GPUs of `node_id` held by an allocation.
+    pub fn allocated(&self, node_id: &str) -> BTreeSet<&str> {
+        self.allocations
+            .values()
+            .filter(|a| a.node_id == node_id)
+            .flat_map(|a| a.accelerator_uuids.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// The pending smoke of a node, if any (the oldest).
+    pub fn pending_smoke(&self, node_id: &str) -> Option<&Smoke> {
+        self.smokes
+            .values()
+            .filter(|s| s.node_id == node_id && s.state == "pending")
+            .min_by_key(|s| s.created_at_ms)
+    }
+
+    /// Mark everything restored from a backup as untrusted until measured again.
+    pub fn distrust_after_restore(&mut self, enabled_nodes: impl Iterator<Item = String>) {
+        for a in self.allocations.values_mut() {
+            a.confirmed = false;
+        }
+        self.external_busy.clear();
+        self.smoke_required.extend(enabled_nodes);
+    }
+}
+
+fn allocated_outcome(a: &Allocation) -> Outcome {
+    Outcome::Allocated {
+        allocation_id: a.allocation_id.clone(),
+        node_id: a.node_id.clone(),
+        accelerator_uuids: a.accelerator_uuids.clone(),
+    }
+}
+
+impl State {
+    pub(super) fn allocate(
+        &mut self,
+        now: i64,
+        allocation_id: &str,
+        node_id: &str,
+        uuids: &[String],
+        owner: &str,
+        key: Option<&String>,
+    ) -> ApplyResult {
+        if let Some(existing) = key
+            .and_then(|k| self.sched.by_key.get(k))
+            .and_then(|id| self.sched.allocations.get(id))
+        {
+            return Ok(allocated_outcome(existing));
+        }
+        let no_capacity = |m: &str| {
+            Err(Refusal::new(
+                409,
+                "no_capacity",
+                format!("nothing fits: {m}"),
+            ))
+        };
+        let Some(node) = self.nodes.get(node_id) else {
+            return no_capacity("the chosen node does not exist");
+        };
+        if !node.enabled || node.decommissioned_at_ms.is_some() {
+            return no_capacity("the chosen node is not enabled");
+        }
+        if uuids.is_empty() {
+            return Err(Refusal::new(
+                400,
+                "invalid_allocation",
+                "no accelerator named",
+            ));
+        }
+        let taken = self.sched.allocated(node_id);
+        let busy = self.sched.external_busy.get(node_id);
+        let mut seen = BTreeSet::new();
+        for u in uuids {
+            let in_inventory = node.inventory.accelerators.iter().any(|a| &a.uuid == u);
+            if !in_inventory
+                || taken.contains(u.as_str())
+                || busy.is_some_and(|b| b.contains(u))
+                || !seen.insert(u)
+            {
+                return no_capacity("an accelerator of the placement was taken meanwhile");
+            }
+        }
+        let a = Allocation {
+            allocation_id: allocation_id.to_string(),
+            node_id: node_id.to_string(),
+            accelerator_uuids: uuids.to_vec(),
+            owner: owner.to_string(),
+            created_at_ms: now,
+            confirmed: true,
+            idempotency_key: key.cloned(),
+        };
+        let out = allocated_outcome(&a);
+        if let Some(k) = key {
+            self.sched
+                .by_key
+                .insert(k.clone(), allocation_id.to_string());
+        }
+        self.sched.allocations.insert(allocation_id.to_string(), a);
+        if let Some(n) = self.nodes.get_mut(node_id) {
+            push_history(
+                n,
+                now,
+                "allocation_created",
+                format!("{allocation_id} for {owner}: {}", uuids.join(",")),
+            );
+        }
+        Ok(out)
+    }
+
+    pub(super) fn release(&mut self, now: i64, allocation_id: &str, why: &str) -> ApplyResult {
+        let Some(a) = self.sched.allocations.remove(allocation_id) else {
+            return Err(Refusal::new(
+                404,
+                "allocation_not_found",
+                "no allocation with this id",
+            ));
+        };
+        if let Some(k) = &a.idempotency_key {
+            self.sched.by_key.remove(k);
+        }
+        if let Some(n) = self.nodes.get_mut(&a.node_id) {
+            push_history(
+                n,
+                now,
+                "allocation_released",
+                format!("{allocation_id}: {why}"),
+            );
+        }
+        Ok(Outcome::Released {
+            allocation_id: allocation_id.to_string(),
+        })
+    }
+
+    /// A fresh report of `node_id`: the GPUs present, and those running something.
+    pub(super) fn reconcile(
+        &mut self,
+        now: i64,
+        node_id: &str,
+        present: &BTreeSet<String>,
+        busy: &BTreeSet<String>,
+    ) -> ApplyResult {
+        if !self.nodes.contains_key(node_id) {
+            return Err(Refusal::new(404, "node_not_found", "no such node"));
+        }
+        let mut confirmed = vec![];
+        let mut released = vec![];
+        let ids: Vec<String> = self
+            .sched
+            .allocations
+            .values()
+            .filter(|a| a.node_id == node_id && !a.confirmed)
+            .map(|a| a.allocation_id.clone())
+            .collect();
+        for id in ids {
+            let a = &self.sched.allocations[&id];
+            let vanished = a.accelerator_uuids.iter().find(|u| !present.contains(*u));
+            let runs = a.accelerator_uuids.iter().any(|u| busy.contains(u));
+            if let Some(u) = vanished {
+                let why = format!("GPU {u} vanished (found by the first report after a restore)");
+                let _ = self.release(now, &id, &why);
+                released.push(id);
+            } else if !runs {
+                let why = "the node no longer runs it (first report after a restore)";
+                let _ = self.release(now, &id, why);
+                released.push(id);
+            } else if let Some(a) = self.sched.allocations.get_mut(&id) {
+                a.confirmed = true;
+                confirmed.push(id.clone());
+                if let Some(n) = self.nodes.get_mut(node_id) {
+                    push_history(
+                        n,
+                        now,
+                        "allocation_confirmed",
+                        format!("{id}: measured busy"),
+                    );
+                }
+            }
+        }
+        let allocated: BTreeSet<String> = self
+            .sched
+            .allocated(node_id)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let external: BTreeSet<String> = busy.difference(&allocated).cloned().collect();
+        let before = self
+            .sched
+            .external_busy
+            .get(node_id)
+            .cloned()
+            .unwrap_or_default();
+        if external != before {
+            if let Some(n) = self.nodes.get_mut(node_id) {
+                let list: Vec<&str> = external.iter().map(String::as_str).collect();
+                push_history(
+                    n,
+                    now,
+                    "accelerators_busy_outside_scheduler",
+                    if list.is_empty() {
+                        "none".into()
+                    } else {
+                        list.join(",")
+                    },
+                );
+            }
+            if external.is_empty() {
+                self.sched.external_busy.remove(node_id);
+            } else {
+                self.sched
+                    .external_busy
+                    .insert(node_id.to_string(), external);
+            }
+        }
+        Ok(Outcome::Reconciled {
+            confirmed,
+            released,
+        })
+    }
+
+    pub(super) fn start_smoke(&mut self, now: i64, smoke_id: &str, node_id: &str) -> ApplyResult {
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Err(Refusal::new(404, "node_not_found", "no such node"));
+        };
+        if node.decommissioned_at_ms.is_some() {
+            return Err(Refusal::new(
+                409,
+                "node_decommissioned",
+                "the node is decommissioned",
+            ));
+        }
+        if self.sched.smokes.contains_key(smoke_id) {
+            return Err(Refusal::new(
+                409,
+                "smoke_exists",
+                "a smoke with this id exists",
+            ));
+        }
+        push_history(node, now, "smoke_requested", smoke_id.to_string());
+        self.sched.smokes.insert(
+            smoke_id.to_string(),
+            Smoke {
+                smoke_id: smoke_id.to_string(),
+                node_id: node_id.to_string(),
+                state: "pending".into(),
+                checks: vec![],
+                created_at_ms: now,
+                finished_at_ms: None,
+            },
+        );
+        Ok(Outcome::SmokeStarted {
+            smoke_id: smoke_id.to_string(),
+        })
+    }
+
+    pub(super) fn smoke_result(
+        &mut self,
+        now: i64,
+        smoke_id: &str,
+        node_id: &str,
+        checks: &[SmokeCheck],
+    ) -> ApplyResult {
+        let Some(smoke) = self.sched.smokes.get_mut(smoke_id) else {
+            return Err(Refusal::new(404, "smoke_not_found", "no such smoke"));
+        };
+        if smoke.node_id != node_id {
+            return Err(Refusal::new(
+                403,
+                "wrong_node",
+                "this smoke is for another node",
+            ));
+        }
+        if smoke.state != "pending" {
+            return Ok(Outcome::SmokeFinished {
+                passed: smoke.state == "passed",
+            });
+        }
+        let passed = !checks.is_empty() && checks.iter().all(|c| c.ok);
+        smoke.state = if passed { "passed" } else { "failed" }.into();
+        smoke.checks = checks.to_vec();
+        smoke.finished_at_ms = Some(now);
+        if passed {
+            self.sched.smoke_required.remove(node_id);
+        }
+        if let Some(n) = self.nodes.get_mut(node_id) {
+            let failed: Vec<&str> = checks
+                .iter()
+                .filter(|c| !c.ok)
+                .map(|c| c.name.as_str())
+                .collect();
+            let detail = if passed {
+                format!("{smoke_id}: {} checks passed", checks.len())
+            } else {
+                format!("{smoke_id}: failed {}", failed.join(", "))
+            };
+            push_history(
+                n,
+                now,
+                if passed {
+                    "smoke_passed"
+                } else {
+                    "smoke_failed"
+                },
+                detail,
+            );
+        }
+        Ok(Outcome::SmokeFinished { passed })
+    }
+}

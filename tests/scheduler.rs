@@ -1,0 +1,336 @@
+//! The scheduler and the capability smoke over real processes: placement only on measured
+//! GPUs, never twice on one, idempotent retries, smoke gating of a recovered node, and the
+//! reconciliation of a restored backup against freshly measured (fixture) NVML state.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+use serde_json::json;
+
+async fn allocate(c: &mut Cluster, n: u32, key: Option<&str>) -> (u16, Value) {
+    let leader = c.wait_leader().await;
+    let url = format!("{}/api/v1/allocations", c.url(leader));
+    let mut req = http()
+        .post(url)
+        .bearer_auth(ADMIN)
+        .json(&json!({"accelerators": n, "owner": "tests"}));
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    let r = req.send().await.unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn scheduler_node(c: &mut Cluster, node_id: &str) -> Value {
+    let (s, v) = c.admin("GET", "/api/v1/admin/scheduler", None).await;
+    assert_eq!(s, 200, "{v}");
+    v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == node_id)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+async fn wait_offered(c: &mut Cluster, node_id: &str, offered: bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let n = scheduler_node(c, node_id).await;
+        if n["offered"] == offered {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "offered never became {offered}: {n}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Start a smoke for `node_id` and wait for its verdict.
+async fn smoke(c: &mut Cluster, node_id: &str) -> Value {
+    let (s, v) = c
+        .admin(
+            "POST",
+            &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let id = v["smoke_id"].as_str().unwrap().to_string();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (s, v) = c
+            .admin(
+                "GET",
+                &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke/{id}"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        if v["state"] != "pending" {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the smoke never finished: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_is_on_measured_gpus_once_each_and_a_recovered_node_waits_for_its_smoke() {
+    let mut c = Cluster::start(3).await;
+    let token = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls()).gpus("simulated:4");
+    a.start(Some(&token));
+    let (nid, cred) = a.wait_enrolled(None).await;
+    wait_offered(&mut c, &nid, true).await;
+
+    // Eight racing requests for one GPU each on a 4-GPU node: exactly four succeed, no GPU twice.
+    let mut tasks = vec![];
+    for i in 0..8 {
+        let url = format!("{}/api/v1/allocations", c.url(c.ids[i % 3]));
+        tasks.push(tokio::spawn(async move {
+            let r = http()
+                .post(url)
+                .bearer_auth(ADMIN)
+                .json(&json!({"accelerators": 1, "owner": format!("job-{i}")}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }));
+    }
+    let mut uuids = vec![];
+    let mut ids = vec![];
+    for t in tasks {
+        let (s, v) = t.await.unwrap();
+        match s {
+            201 => {
+                uuids.extend(v["accelerator_uuids"].as_array().unwrap().iter().cloned());
+                ids.push(v["allocation_id"].as_str().unwrap().to_string());
+            }
+            409 => assert_eq!(v["error"]["code"], "no_capacity", "{v}"),
+            other => panic!("unexpected {other}: {v}"),
+        }
+    }
+    assert_eq!(uuids.len(), 4, "{uuids:?}");
+    let distinct: std::collections::BTreeSet<String> = uuids
+        .iter()
+        .map(|u| u.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(distinct.len(), 4, "a GPU was placed twice: {uuids:?}");
+    let n = scheduler_node(&mut c, &nid).await;
+    assert_eq!(n["free_accelerators"], 0, "{n}");
+    assert_eq!(n["allocations"].as_array().unwrap().len(), 4);
+
+    // Release two; an Idempotency-Key retry returns the first answer, not a second allocation.
+    for id in &ids[..2] {
+        let (s, v) = c
+            .admin("DELETE", &format!("/api/v1/allocations/{id}"), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, first) = allocate(&mut c, 1, Some("key-1")).await;
+    assert_eq!(s, 201, "{first}");
+    let (s, again) = allocate(&mut c, 1, Some("key-1")).await;
+    assert_eq!(s, 201, "{again}");
+    assert_eq!(first["allocation_id"], again["allocation_id"]);
+    assert_eq!(scheduler_node(&mut c, &nid).await["free_accelerators"], 1);
+    let (s, v) = allocate(&mut c, 2, None).await;
+    assert_eq!((s, v["error"]["code"].clone()), (409, json!("no_capacity")));
+
+    // The credential is lost: the agent re-enrols (same node id) and must pass a smoke first.
+    a.stop();
+    std::fs::remove_file(a.state_dir.join("credential")).unwrap();
+    let token2 = c.new_token(600).await;
+    a.start(Some(&token2));
+    let (nid2, _) = a.wait_enrolled(Some(&cred)).await;
+    assert_eq!(nid2, nid);
+    wait_offered(&mut c, &nid, false).await;
+    assert!(scheduler_node(&mut c, &nid).await["smoke_required"] == true);
+    let (s, _) = allocate(&mut c, 1, None).await;
+    assert_eq!(s, 409, "a node waiting for its smoke was offered");
+    let v = smoke(&mut c, &nid).await;
+    assert_eq!(v["state"], "passed", "{v}");
+    let names: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"nvml") && names.contains(&"accelerator_count"),
+        "{names:?}"
+    );
+    assert_eq!(names.iter().filter(|n| n.starts_with("gpu:")).count(), 4);
+    assert!(names.iter().any(|n| n.starts_with("storage:")));
+    wait_offered(&mut c, &nid, true).await;
+    let (s, v) = allocate(&mut c, 1, None).await;
+    assert_eq!(s, 201, "{v}");
+    let history = c.node(&nid).await["history"].to_string();
+    for kind in [
+        "smoke_requested",
+        "smoke_passed",
+        "allocation_created",
+        "allocation_released",
+    ] {
+        assert!(history.contains(kind), "{kind} missing from {history}");
+    }
+}
+
+fn fixture(path: &Path, gpus: &[(&str, bool)]) {
+    let accelerators: Vec<Value> = gpus
+        .iter()
+        .map(|(uuid, busy)| {
+            let mut g =
+                json!({"uuid": uuid, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559});
+            if *busy {
+                g["processes"] = json!([{"pid": 4242, "used_memory_mib": 60000.0}]);
+            }
+            g
+        })
+        .collect();
+    let body = json!({"accelerators": accelerators, "storage_roots": [], "nvml": "ok"});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, body.to_string()).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restore_allocations_wait_for_fresh_nvml_and_are_reconciled_with_it() {
+    let mut c = Cluster::start(1).await;
+    let fx = c.root().join("gpus.json");
+    fixture(
+        &fx,
+        &[
+            ("GPU-1", false),
+            ("GPU-2", false),
+            ("GPU-3", false),
+            ("GPU-4", false),
+        ],
+    );
+    let token = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls()).gpus(&format!("file:{}", fx.display()));
+    a.start(Some(&token));
+    let (nid, _) = a.wait_enrolled(None).await;
+    wait_offered(&mut c, &nid, true).await;
+    let mut placed = vec![];
+    for _ in 0..3 {
+        let (s, v) = allocate(&mut c, 1, None).await;
+        assert_eq!(s, 201, "{v}");
+        placed.push((
+            v["allocation_id"].as_str().unwrap().to_string(),
+            v["accelerator_uuids"][0].as_str().unwrap().to_string(),
+        ));
+    }
+    let on = |gpu: &str| placed.iter().find(|(_, g)| g == gpu).unwrap().0.clone();
+    let (on1, on2, on3) = (on("GPU-1"), on("GPU-2"), on("GPU-3"));
+
+    // Backup, then the control plane is lost and restored while the agent is down; meanwhile
+    // the hardware moved on: GPU-2 is gone, GPU-3 is idle, GPU-4 runs something unscheduled.
+    let r = http()
+        .get(format!("{}/api/v1/admin/backup", c.url(1)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let file = c.root().join("b.mfbackup");
+    std::fs::write(&file, r.bytes().await.unwrap()).unwrap();
+    a.stop();
+    c.kill9(1);
+    std::fs::rename(c.data_dir(1), c.root().join("old-m1")).unwrap();
+    let out = std::process::Command::new(server_bin())
+        .args(["restore", "--from"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(c.data_dir(1))
+        .arg("--journal")
+        .arg(c.root().join("old-m1"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fixture(&fx, &[("GPU-1", true), ("GPU-3", false), ("GPU-4", true)]);
+    c.start_member(1);
+    c.wait_ready().await;
+
+    // Nothing restored is trusted yet.
+    let n = scheduler_node(&mut c, &nid).await;
+    assert_eq!(n["verified"], false, "{n}");
+    assert_eq!(n["offered"], false, "{n}");
+    assert!(
+        n["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["state"] == "unconfirmed"),
+        "{n}"
+    );
+    assert_eq!(allocate(&mut c, 1, None).await.0, 409);
+
+    // The agent comes back: its first report reconciles the restored allocations.
+    a.start(None);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let n = loop {
+        let n = scheduler_node(&mut c, &nid).await;
+        let allocs = n["allocations"].as_array().unwrap();
+        if n["verified"] == true
+            && allocs.iter().all(|a| a["state"] == "confirmed")
+            && n["busy_outside_scheduler"] == json!(["GPU-4"])
+        {
+            break n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reconciled: {n}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let ids: Vec<&str> = n["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["allocation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![on1.as_str()],
+        "only the allocation measured busy stays"
+    );
+    let history = c.node(&nid).await["history"].to_string();
+    assert!(
+        history.contains(&format!("{on2}: GPU GPU-2 vanished")),
+        "{history}"
+    );
+    assert!(
+        history.contains(&format!("{on3}: the node no longer runs it")),
+        "{history}"
+    );
+    assert!(
+        history.contains("accelerators_busy_outside_scheduler"),
+        "{history}"
+    );
+
+    // Seen for the first time since the restore: offered only after a passing smoke, and then
+    // never on GPU-1 (allocated) or GPU-4 (busy outside the scheduler).
+    assert_eq!(n["offered"], false);
+    let v = smoke(&mut c, &nid).await;
+    assert_eq!(v["state"], "passed", "{v}");
+    wait_offered(&mut c, &nid, true).await;
+    let (s, v) = allocate(&mut c, 1, None).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["accelerator_uuids"], json!(["GPU-3"]));
+    assert_eq!(allocate(&mut c, 1, None).await.0, 409);
+}

@@ -354,3 +354,99 @@ fn snapshot_round_trip_preserves_digest() {
     assert_eq!(back, s);
     assert_eq!(back.digest(), s.digest());
 }
+
+fn inventory_with(uuids: &[&str]) -> Inventory {
+    Inventory {
+        accelerators: uuids
+            .iter()
+            .map(|u| modelforge_proto::wire::Accelerator {
+                uuid: u.to_string(),
+                name: "gpu".into(),
+                memory_total_mib: Some(80_000),
+                pci_bus_id: None,
+                index: None,
+                mig_mode: None,
+                power_limit_w: None,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn allocate(s: &mut State, id: &str, node: &str, uuids: &[&str], key: Option<&str>) -> ApplyResult {
+    s.apply(
+        9,
+        &env(
+            &format!("alloc-{id}"),
+            2_000,
+            Command::Allocate {
+                allocation_id: id.into(),
+                node_id: node.into(),
+                accelerator_uuids: uuids.iter().map(|u| u.to_string()).collect(),
+                owner: "o".into(),
+                idempotency_key: key.map(str::to_string),
+            },
+        ),
+    )
+}
+
+#[test]
+fn a_gpu_is_never_allocated_twice_and_an_idempotency_key_returns_the_first_answer() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    let first = allocate(&mut s, "a1", "n1", &["G1"], Some("key")).unwrap();
+    // A placement racing for G1 is refused; the same key returns the first allocation.
+    let r = allocate(&mut s, "a2", "n1", &["G1"], None).unwrap_err();
+    assert_eq!(r.code, "no_capacity");
+    assert_eq!(
+        allocate(&mut s, "a3", "n1", &["G2"], Some("key")).unwrap(),
+        first
+    );
+    assert_eq!(s.sched.allocations.len(), 1);
+    // A GPU outside the inventory, or named twice, is refused.
+    assert!(allocate(&mut s, "a4", "n1", &["G9"], None).is_err());
+    assert!(allocate(&mut s, "a5", "n1", &["G2", "G2"], None).is_err());
+    assert!(allocate(&mut s, "a6", "n1", &["G2"], None).is_ok());
+}
+
+#[test]
+fn reconcile_confirms_busy_releases_vanished_and_idle_and_marks_unscheduled_use() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2", "G3", "G4"]);
+    for (id, g) in [("a1", "G1"), ("a2", "G2"), ("a3", "G3")] {
+        allocate(&mut s, id, "n1", &[g], None).unwrap();
+    }
+    s.sched
+        .distrust_after_restore(["n1".to_string()].into_iter());
+    let present = ["G1", "G3", "G4"].iter().map(|x| x.to_string()).collect();
+    let busy = ["G1", "G4"].iter().map(|x| x.to_string()).collect();
+    let r = s.apply(
+        10,
+        &env(
+            "rec",
+            3_000,
+            Command::Reconcile {
+                node_id: "n1".into(),
+                present,
+                busy,
+            },
+        ),
+    );
+    assert_eq!(
+        r.unwrap(),
+        Outcome::Reconciled {
+            confirmed: vec!["a1".into()],
+            released: vec!["a2".into(), "a3".into()],
+        }
+    );
+    assert!(s.sched.allocations["a1"].confirmed);
+    assert_eq!(
+        s.sched.external_busy["n1"].iter().collect::<Vec<_>>(),
+        vec!["G4"]
+    );
+    assert!(s.sched.smoke_required.contains("n1"));
+}

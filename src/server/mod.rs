@@ -179,6 +179,7 @@ pub async fn serve(
     for _ in 0..ctx.hasher.workers() {
         tokio::spawn(mint_ahead(ctx.clone()));
     }
+    tokio::spawn(return_freed_memory());
     axum::serve(listener, router(ctx.clone()).into_make_service())
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -662,6 +663,23 @@ async fn watch_leadership(ctx: Shared) {
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Hand memory freed by transient work back to the OS. Building or installing a snapshot
+/// encodes the whole state (hundreds of MiB at 100,000 nodes) and glibc keeps the freed pages
+/// in its arenas, so without this a member's RSS stays at its snapshot peak (measured by
+/// `modelforge-bench`: 1.3 GiB instead of the ~0.9 GiB the state needs at 100,000 nodes).
+async fn return_freed_memory() {
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        let _ = tokio::task::spawn_blocking(|| {
+            // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps and
+            // in free chunks; it takes the allocator's own locks and is safe to call anytime.
+            unsafe { libc::malloc_trim(0) }
+        })
+        .await;
     }
 }
 

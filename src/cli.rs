@@ -29,6 +29,8 @@ pub enum Cmd {
     Serve(Box<ServeArgs>),
     /// Print how long one argon2id hash takes at the given parameters, and the bound it sets.
     Argon2Bench(HashArgs),
+    /// Operate a cluster over its HTTP API: enrolments, nodes, decommission, audit, doctor.
+    Admin(Box<crate::admin_cli::AdminArgs>),
 }
 
 #[derive(clap::Args, Debug, Clone)]

@@ -83,6 +83,12 @@ impl From<Refusal> for ApiError {
             "node_not_found" => "node_not_found",
             "node_decommissioned" => "node_decommissioned",
             "bad_command" => "bad_command",
+            "preview_exists" => "preview_exists",
+            "preview_not_found" => "preview_not_found",
+            "preview_for_other_node" => "preview_for_other_node",
+            "preview_used" => "preview_used",
+            "preview_expired" => "preview_expired",
+            "preview_stale" => "preview_stale",
             _ => "refused",
         };
         Self {

@@ -18,8 +18,13 @@ use serde_json::json;
 pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// The `modelforge` binary: cargo's, unless `MF_TEST_BIN_DIR` names a folder holding a copy
+/// (for a target dir shared with other builds, whose binaries can change under a test run).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_modelforge"))
+    match std::env::var_os("MF_TEST_BIN_DIR") {
+        Some(d) => PathBuf::from(d).join("modelforge"),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_modelforge")),
+    }
 }
 
 /// The agent binary sits beside the server's; build it if this test run has not.

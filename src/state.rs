@@ -281,16 +281,24 @@ pub struct DecommissionEffects {
     pub credentials_to_revoke: Vec<String>,
     /// Other enabled nodes claiming the same hostname: the conflict this resolves.
     pub hostname_conflicts_resolved: Vec<String>,
-    /// Enrolment tokens whose claim names this node and is not spent yet.
+    /// Enrolment tokens whose claim names this node and is not spent yet. Shown, spent by
+    /// execute, but not bound by the fingerprint: a claim only ever goes from unspent to
+    /// spent by the node's own first heartbeat (a new claim comes with a new credential,
+    /// which the fingerprint does bind), and execute spends whatever remains.
     pub claims_to_spend: Vec<String>,
     /// Accelerator uuids that leave service with the node.
     pub accelerators: Vec<String>,
 }
 
 impl DecommissionEffects {
-    /// SHA-256 of the canonical JSON: what an execute must still match.
+    /// SHA-256 of the canonical JSON (without `claims_to_spend`): what an execute must still
+    /// match.
     pub fn fingerprint(&self) -> String {
-        let json = serde_json::to_vec(self).unwrap_or_default();
+        let bound = DecommissionEffects {
+            claims_to_spend: Vec::new(),
+            ..self.clone()
+        };
+        let json = serde_json::to_vec(&bound).unwrap_or_default();
         modelforge_proto::hex(&sha2::Sha256::digest(&json))
     }
 
@@ -318,11 +326,6 @@ impl DecommissionEffects {
             "hostname_conflicts_resolved",
             list(&self.hostname_conflicts_resolved),
             list(&now.hostname_conflicts_resolved),
-        );
-        cmp(
-            "claims_to_spend",
-            list(&self.claims_to_spend),
-            list(&now.claims_to_spend),
         );
         cmp(
             "accelerators",

@@ -336,7 +336,7 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     let (code, _, _) = admin_cli(&urls, &["nodes", "frobnicate"]).await;
     assert_eq!(code, 2);
     // Nothing reachable: exit 3.
-    let (code, _, err) = admin_cli(&dead, &["nodes", "list"]).await;
+    let (code, _, err) = admin_cli(&dead, &["nodes", "list", "--timeout", "1s"]).await;
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no member answered"), "{err}");
     // A wrong admin token is refused (exit 1 with unauthenticated).
@@ -568,4 +568,56 @@ async fn the_doctor_names_each_runbook_case() {
         out.contains(&format!("modelforge admin doctor {bid} --wait 60s")),
         "commands carry the real node id: {out}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decommission_execute_asks_on_a_terminal() {
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        eprintln!("skipped: util-linux `script` (a pseudo-terminal) is not installed");
+        return;
+    }
+    let mut c = Cluster::start(1).await;
+    let t = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&t));
+    let (nid, _) = a.wait_enrolled(None).await;
+    let url = c.url(1);
+    let (_, pid, _) = admin_cli(&url, &["decommission", "preview", &nid, "-q"]).await;
+    let pid = pid.trim().to_string();
+    let on_terminal = |answer: &'static str| {
+        let cmd = format!(
+            "{} admin decommission execute {nid} --preview-id {pid} --reason retired --server {url}",
+            server_bin().display()
+        );
+        async move {
+            let mut child = tokio::process::Command::new("/usr/bin/script")
+                .args(["-qec", &cmd, "/dev/null"])
+                .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(answer.as_bytes()).await.unwrap();
+            drop(stdin);
+            let out = child.wait_with_output().await.unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        }
+    };
+    let (code, out) = on_terminal("no\n").await;
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("Type 'yes'"), "{out}");
+    assert_eq!(
+        c.node(&nid).await["enabled"],
+        true,
+        "declined: nothing changed"
+    );
+    let (code, out) = on_terminal("yes\n").await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(c.node(&nid).await["status"], "decommissioned");
 }

@@ -6,9 +6,6 @@ use std::time::Duration;
 use modelforge_proto::wire::ErrorBody;
 use serde_json::Value;
 
-/// How long one invocation keeps trying members that do not answer or answer 503.
-const FAILOVER_DEADLINE: Duration = Duration::from_secs(15);
-
 /// Why a call did not succeed.
 #[derive(Debug)]
 pub enum CallError {
@@ -29,10 +26,16 @@ pub struct Client {
     http: reqwest::Client,
     /// Sent with every write of this invocation (unless the command names its own key).
     idempotency_key: String,
+    /// How long one call keeps trying members that do not answer or answer 503.
+    failover_deadline: Duration,
 }
 
 impl Client {
-    pub fn new(urls: Vec<String>, token: String) -> anyhow::Result<Self> {
+    pub fn new(
+        urls: Vec<String>,
+        token: String,
+        failover_deadline: Duration,
+    ) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_secs(1))
@@ -44,6 +47,7 @@ impl Client {
             token,
             http,
             idempotency_key: format!("cli-{}", modelforge_proto::new_uuid()),
+            failover_deadline,
         })
     }
 
@@ -77,7 +81,7 @@ impl Client {
         body: Option<Value>,
         key: Option<&str>,
     ) -> Result<Value, CallError> {
-        let deadline = tokio::time::Instant::now() + FAILOVER_DEADLINE;
+        let deadline = tokio::time::Instant::now() + self.failover_deadline;
         let mut tried = 0usize;
         loop {
             let url = format!("{}{path}", self.urls[self.current]);

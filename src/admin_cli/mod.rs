@@ -51,6 +51,9 @@ pub struct AdminArgs {
     /// Print only the primary value (an id, a token), one per line.
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
+    /// How long to keep trying members that do not answer or have no leader (then exit 3).
+    #[arg(long, global = true, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
     #[command(subcommand)]
     pub command: AdminCmd,
 }
@@ -307,7 +310,8 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         return verify_and_report(&args, &events, expect_head.as_deref(), None);
     }
     let token = admin_token(args.admin_token_file.as_ref())?;
-    let mut c = Client::new(urls, token).map_err(|e| Fail(EXIT_UNREACHABLE, e.to_string()))?;
+    let mut c = Client::new(urls, token, args.timeout)
+        .map_err(|e| Fail(EXIT_UNREACHABLE, e.to_string()))?;
     match &args.command {
         AdminCmd::Cluster => {
             let v = c.get("/api/v1/cluster").await?;
@@ -774,7 +778,8 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
                 if humantime::parse_rfc3339_weak(t).is_err() {
                     return Err(usage("--since must be an RFC 3339 time"));
                 }
-                q.push(format!("since={t}"));
+                // RFC 3339 needs only '+' escaped in a query string.
+                q.push(format!("since={}", t.replace('+', "%2B")));
             }
             if let Some(l) = limit {
                 q.push(format!("limit={l}"));

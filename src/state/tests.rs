@@ -544,3 +544,19 @@ fn previews_expire_by_envelope_time_and_are_bound_to_their_node() {
     assert_eq!(e.code, "node_not_found");
     assert!(s.nodes["nA"].enabled);
 }
+
+#[test]
+fn the_first_heartbeat_spending_the_claim_does_not_make_a_preview_stale() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "cA").unwrap();
+    let Ok(Outcome::DecommissionPreviewed { preview: p }) =
+        preview(&mut s, "p1", 1100, "pv1", "nA")
+    else {
+        panic!("preview refused");
+    };
+    assert_eq!(p.effects.claims_to_spend, vec!["t1".to_string()]);
+    touch(&mut s, "cA", 1200);
+    execute(&mut s, "x1", 1300, "pv1", "nA").unwrap();
+    assert!(s.tokens["t1"].claim.as_ref().unwrap().spent);
+}

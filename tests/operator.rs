@@ -226,6 +226,28 @@ async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
     let mut a = Agent::new(c.root(), "a", c.urls());
     a.start(Some(&t));
     let (nid, _) = a.wait_enrolled(None).await;
+    // Quiet the node: the agent stops once its "online" status is recorded, so no background
+    // write (status event, first use) lands between the two digests.
+    let u = c.url(1);
+    wait_until("the node's online status to be recorded", WAIT, || {
+        let (u, nid) = (u.clone(), nid.clone());
+        async move {
+            let (_, v) = call(
+                "GET",
+                &format!("{u}/api/v1/admin/hardware/nodes/{nid}"),
+                Some(ADMIN),
+                None,
+            )
+            .await;
+            v["history"]
+                .as_array()?
+                .iter()
+                .any(|e| e["kind"] == "status" && e["detail"] == "online")
+                .then_some(())
+        }
+    })
+    .await;
+    a.stop();
     let digest = c.wait_converged().await;
     let base = format!("/api/v1/admin/hardware/nodes/{nid}/decommission");
     for (path, body, status, code) in [

@@ -45,12 +45,23 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// A free loopback port, never the same one twice in this process (the kernel can hand out a
+/// just-released port again, and two members given one port made a member vote for itself
+/// twice, which tripped an openraft assertion).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub fn http() -> reqwest::Client {

@@ -458,6 +458,22 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     // Audit: list by node, export, verify live and from the file.
     let (code, v) = admin_json(&urls, &["audit", "list", "--node-id", &nid]).await;
     assert_eq!(code, 0);
+    // Filtered by time: an offset time is passed intact; nothing happened in the future.
+    let (code, all) = admin_json(
+        &urls,
+        &["audit", "list", "--since", "2000-01-01T01:00:00+01:00"],
+    )
+    .await;
+    assert_eq!(code, 0, "{all}");
+    assert!(all["events"].as_array().unwrap().len() > v["events"].as_array().unwrap().len());
+    let (code, none) =
+        admin_json(&urls, &["audit", "list", "--since", "2999-01-01T00:00:00Z"]).await;
+    assert_eq!(
+        (code, none["events"].as_array().map(|e| e.len())),
+        (0, Some(0))
+    );
+    let (code, _, _) = admin_cli(&urls, &["audit", "list", "--since", "yesterday"]).await;
+    assert_eq!(code, 2);
     assert!(
         v["events"]
             .as_array()

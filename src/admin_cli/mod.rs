@@ -775,11 +775,10 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
                 q.push(format!("node_id={n}"));
             }
             if let Some(t) = since {
-                if humantime::parse_rfc3339_weak(t).is_err() {
-                    return Err(usage("--since must be an RFC 3339 time"));
-                }
-                // RFC 3339 needs only '+' escaped in a query string.
-                q.push(format!("since={}", t.replace('+', "%2B")));
+                let utc = since_utc(t).ok_or_else(|| {
+                    usage("--since must be an RFC 3339 time, e.g. 2026-12-02T10:00:00Z")
+                })?;
+                q.push(format!("since={utc}"));
             }
             if let Some(l) = limit {
                 q.push(format!("limit={l}"));
@@ -854,6 +853,34 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
     }
 }
 
+/// An RFC 3339 time (with `Z` or a `±HH:MM` offset) as UTC with `Z`, which the server takes.
+fn since_utc(t: &str) -> Option<String> {
+    let t = t.trim();
+    let (local, offset_s) = match t
+        .len()
+        .checked_sub(6)
+        .filter(|i| t.is_char_boundary(*i))
+        .map(|i| t.split_at(i))
+    {
+        Some((local, off))
+            if (off.starts_with('+') || off.starts_with('-')) && off.as_bytes()[3] == b':' =>
+        {
+            let h: i64 = off[1..3].parse().ok()?;
+            let m: i64 = off[4..6].parse().ok()?;
+            let sign = if off.starts_with('-') { -1 } else { 1 };
+            (local, sign * (h * 3600 + m * 60))
+        }
+        _ => (t, 0),
+    };
+    let at = humantime::parse_rfc3339_weak(local).ok()?;
+    let at = if offset_s >= 0 {
+        at.checked_sub(Duration::from_secs(offset_s as u64))?
+    } else {
+        at.checked_add(Duration::from_secs((-offset_s) as u64))?
+    };
+    Some(humantime::format_rfc3339_millis(at).to_string())
+}
+
 async fn doctor_cmd(
     args: &AdminArgs,
     c: &mut Client,
@@ -881,5 +908,28 @@ async fn doctor_cmd(
             return Ok(verdict.exit_code());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::since_utc;
+
+    #[test]
+    fn since_takes_utc_and_offsets() {
+        assert_eq!(
+            since_utc("2026-12-02T10:00:00Z").as_deref(),
+            Some("2026-12-02T10:00:00.000Z")
+        );
+        assert_eq!(
+            since_utc("2026-12-02T11:30:00+01:30").as_deref(),
+            Some("2026-12-02T10:00:00.000Z")
+        );
+        assert_eq!(
+            since_utc("2026-12-02T08:00:00-02:00").as_deref(),
+            Some("2026-12-02T10:00:00.000Z")
+        );
+        assert_eq!(since_utc("yesterday"), None);
+        assert_eq!(since_utc("2026-12-02T10:00:0ééé"), None);
     }
 }

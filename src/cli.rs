@@ -33,6 +33,8 @@ pub enum Cmd {
     /// the revocation journals of the old members. Members started on dirs prepared from the
     /// same backup and journals form the restored cluster; old members cannot join it.
     Restore(RestoreArgs),
+    /// Operate a cluster over its HTTP API: enrolments, nodes, decommission, audit, doctor.
+    Admin(Box<crate::admin_cli::AdminArgs>),
 }
 
 #[derive(clap::Args, Debug)]

@@ -89,6 +89,12 @@ impl From<Refusal> for ApiError {
             "smoke_exists" => "smoke_exists",
             "smoke_not_found" => "smoke_not_found",
             "wrong_node" => "wrong_node",
+            "preview_exists" => "preview_exists",
+            "preview_not_found" => "preview_not_found",
+            "preview_for_other_node" => "preview_for_other_node",
+            "preview_used" => "preview_used",
+            "preview_expired" => "preview_expired",
+            "preview_stale" => "preview_stale",
             _ => "refused",
         };
         Self {

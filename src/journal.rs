@@ -11,8 +11,8 @@
 //! re-applies every fact of every journal it is given, in any order, and facts the backup
 //! already holds change nothing. No fact holds a secret or a hash: ids and times only.
 //!
-//! Durability: lines are written when the entry is applied and fsynced by a background thread
-//! at most [`SYNC_EVERY`] later, and always before a snapshot is taken (so a fact covered by a
+//! Durability: lines are written through to the OS when the entry is applied (before the
+//! answer that depends on it), and fsynced by a background thread at most [`SYNC_EVERY`] later, and always before a snapshot is taken (so a fact covered by a
 //! snapshot, which would not be replayed from the log, is on disk). A member killed before the
 //! fsync re-applies those entries from its log on restart and writes them again; duplicate
 //! lines are harmless.
@@ -91,7 +91,7 @@ pub struct Journal {
 }
 
 struct Writer {
-    file: std::io::BufWriter<std::fs::File>,
+    file: std::fs::File,
     dirty: bool,
     failed: bool,
 }
@@ -107,7 +107,7 @@ impl Journal {
             .open(&path)?;
         let j = Arc::new(Self {
             inner: Mutex::new(Writer {
-                file: std::io::BufWriter::new(file),
+                file,
                 dirty: false,
                 failed: false,
             }),
@@ -131,21 +131,25 @@ impl Journal {
         if facts.is_empty() {
             return;
         }
-        let mut w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bytes = vec![];
         for fact in facts {
             let line = Line {
                 cluster: self.cluster.clone(),
                 index,
                 fact,
             };
-            let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+            bytes.extend(serde_json::to_vec(&line).unwrap_or_default());
             bytes.push(b'\n');
-            if let Err(e) = w.file.write_all(&bytes) {
-                if !w.failed {
-                    tracing::error!(error = %e, "revocation journal: write failed");
-                }
-                w.failed = true;
+        }
+        // Written through to the OS before the apply returns (so before any answer that
+        // depends on it): a killed member loses nothing; only a power loss can lose the last
+        // SYNC_EVERY of lines not yet fsynced.
+        let mut w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = w.file.write_all(&bytes) {
+            if !w.failed {
+                tracing::error!(error = %e, "revocation journal: write failed");
             }
+            w.failed = true;
         }
         w.dirty = true;
     }
@@ -156,7 +160,7 @@ impl Journal {
         if !w.dirty {
             return;
         }
-        let r = w.file.flush().and_then(|_| w.file.get_ref().sync_data());
+        let r = w.file.sync_data();
         match r {
             Ok(()) => w.dirty = false,
             Err(e) => {

@@ -4,6 +4,7 @@
 //! See ARCHITECTURE.md for the map. Entry points: [`server::serve`] (the `serve` command) and
 //! [`state::State::apply`] (every replicated change).
 
+pub mod admin_cli;
 pub mod app;
 pub mod backup;
 pub mod cli;

@@ -17,6 +17,7 @@ async fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Cmd::Admin(args) => std::process::exit(modelforge::admin_cli::run(*args).await),
         Cmd::Serve(args) => match (*args).into_config() {
             Ok(cfg) => modelforge::server::serve(cfg, shutdown_signal()).await,
             Err(e) => Err(e),

@@ -31,6 +31,10 @@ pub const HISTORY_PER_NODE: usize = 256;
 pub const DEDUP_TTL_MS: i64 = 24 * 3600 * 1000;
 /// The most remembered request ids.
 pub const DEDUP_MAX: usize = 200_000;
+/// How long a decommission preview can be executed (leader time).
+pub const PREVIEW_TTL_MS: i64 = 15 * 60 * 1000;
+/// The most decommission previews kept (oldest dropped first).
+pub const PREVIEWS_MAX: usize = 1000;
 
 /// A command with the metadata every command carries.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -114,6 +118,18 @@ pub enum Command {
         node_id: String,
         checks: Vec<sched::SmokeCheck>,
     },
+    /// Compute and record what decommissioning `node_id` would do, bound to the state now.
+    PreviewDecommission {
+        /// Chosen by the leader, so apply stays deterministic.
+        preview_id: String,
+        node_id: String,
+    },
+    /// Apply a recorded preview, only if its effects are unchanged.
+    ExecuteDecommission {
+        preview_id: String,
+        node_id: String,
+        reason: String,
+    },
 }
 
 impl Command {
@@ -132,6 +148,8 @@ impl Command {
             Command::Reconcile { .. } => "scheduler.reconcile",
             Command::StartSmoke { .. } => "smoke.start",
             Command::SmokeResult { .. } => "smoke.result",
+            Command::PreviewDecommission { .. } => "node.decommission.preview",
+            Command::ExecuteDecommission { .. } => "node.decommission.execute",
         }
     }
 
@@ -193,6 +211,14 @@ pub enum Outcome {
     },
     SmokeFinished {
         passed: bool,
+    },
+    DecommissionPreviewed {
+        preview: DecommissionPreview,
+    },
+    Decommissioned {
+        node_id: String,
+        decommissioned_at_ms: i64,
+        effects: DecommissionEffects,
     },
 }
 
@@ -304,6 +330,87 @@ pub struct AuditEvent {
     pub hash: String,
 }
 
+/// Everything decommissioning a node would change, as a preview shows it. Computed only by
+/// [`State::decommission_effects`]; two computations are equal exactly when nothing the
+/// preview showed has changed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DecommissionEffects {
+    pub node_id: String,
+    pub hostname: String,
+    /// The identity key that can never enrol again.
+    pub identity_public_key: String,
+    /// Active credentials to revoke.
+    pub credentials_to_revoke: Vec<String>,
+    /// Other enabled nodes claiming the same hostname: the conflict this resolves.
+    pub hostname_conflicts_resolved: Vec<String>,
+    /// Enrolment tokens whose claim names this node and is not spent yet. Shown, spent by
+    /// execute, but not bound by the fingerprint: a claim only ever goes from unspent to
+    /// spent by the node's own first heartbeat (a new claim comes with a new credential,
+    /// which the fingerprint does bind), and execute spends whatever remains.
+    pub claims_to_spend: Vec<String>,
+    /// Accelerator uuids that leave service with the node.
+    pub accelerators: Vec<String>,
+}
+
+impl DecommissionEffects {
+    /// SHA-256 of the canonical JSON (without `claims_to_spend`): what an execute must still
+    /// match.
+    pub fn fingerprint(&self) -> String {
+        let bound = DecommissionEffects {
+            claims_to_spend: Vec::new(),
+            ..self.clone()
+        };
+        let json = serde_json::to_vec(&bound).unwrap_or_default();
+        modelforge_proto::hex(&sha2::Sha256::digest(&json))
+    }
+
+    /// Each effect that differs from `now`, as "field: was X, now Y".
+    pub fn changes(&self, now: &DecommissionEffects) -> Vec<String> {
+        let mut out = vec![];
+        let mut cmp = |name: &str, was: String, is: String| {
+            if was != is {
+                out.push(format!("{name}: was {was}, now {is}"));
+            }
+        };
+        cmp("hostname", self.hostname.clone(), now.hostname.clone());
+        cmp(
+            "identity_public_key",
+            self.identity_public_key.clone(),
+            now.identity_public_key.clone(),
+        );
+        let list = |v: &[String]| format!("[{}]", v.join(", "));
+        cmp(
+            "credentials_to_revoke",
+            list(&self.credentials_to_revoke),
+            list(&now.credentials_to_revoke),
+        );
+        cmp(
+            "hostname_conflicts_resolved",
+            list(&self.hostname_conflicts_resolved),
+            list(&now.hostname_conflicts_resolved),
+        );
+        cmp(
+            "accelerators",
+            list(&self.accelerators),
+            list(&now.accelerators),
+        );
+        out
+    }
+}
+
+/// A recorded decommission preview.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DecommissionPreview {
+    pub preview_id: String,
+    pub node_id: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub effects: DecommissionEffects,
+    pub fingerprint: String,
+    /// Set when executed: a preview applies at most once.
+    pub used_at_ms: Option<i64>,
+}
+
 /// The whole replicated state.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct State {
@@ -325,6 +432,8 @@ pub struct State {
     /// the apply path; not replicated state).
     #[serde(skip)]
     pub journal: crate::journal::Pending,
+    /// Decommission previews by id (pruned by expiry in apply).
+    pub previews: BTreeMap<String, DecommissionPreview>,
 }
 
 /// SHA-256 hex of an inventory's canonical JSON.
@@ -351,7 +460,6 @@ impl State {
                     token_id.clone()
                 }
                 (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
-                (Command::RevokeCredentials { node_id, .. }, _) => node_id.clone(),
                 (Command::Allocate { node_id, .. }, _) => node_id.clone(),
                 (Command::Release { allocation_id }, _) => allocation_id.clone(),
                 (Command::StartSmoke { node_id, .. }, _)
@@ -367,6 +475,12 @@ impl State {
                     "member {member} index {applied_index} digest {}",
                     &state_digest[..16.min(state_digest.len())]
                 ),
+                (
+                    Command::RevokeCredentials { node_id, .. }
+                    | Command::PreviewDecommission { node_id, .. }
+                    | Command::ExecuteDecommission { node_id, .. },
+                    _,
+                ) => node_id.clone(),
                 _ => String::new(),
             };
             let outcome = match &result {
@@ -586,6 +700,15 @@ impl State {
                 }
                 Ok(Outcome::EventsRecorded { count })
             }
+            Command::PreviewDecommission {
+                preview_id,
+                node_id,
+            } => self.preview_decommission(now, preview_id, node_id),
+            Command::ExecuteDecommission {
+                preview_id,
+                node_id,
+                reason,
+            } => self.execute_decommission(now, preview_id, node_id, reason),
             Command::UpdateInventory { node_id, inventory } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Err(Refusal::new(404, "node_not_found", "no node with this id"));
@@ -706,6 +829,21 @@ impl State {
                         history: VecDeque::new(),
                     },
                 );
+                let others: Vec<String> = self
+                    .enabled_claimants(hostname)
+                    .into_iter()
+                    .filter(|n| n != new_node_id)
+                    .collect();
+                for other in &others {
+                    if let Some(o) = self.nodes.get_mut(other) {
+                        push_history(o, now, "hostname_conflict", new_node_id.to_string());
+                    }
+                }
+                if let Some(n) = self.nodes.get_mut(new_node_id) {
+                    for other in others {
+                        push_history(n, now, "hostname_conflict", other);
+                    }
+                }
                 (new_node_id.to_string(), false)
             }
         };
@@ -846,6 +984,207 @@ impl State {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Enabled nodes claiming `hostname`, in id order.
+    pub fn enabled_claimants(&self, hostname: &str) -> Vec<String> {
+        self.nodes
+            .values()
+            .filter(|n| n.enabled && n.hostname == hostname)
+            .map(|n| n.node_id.clone())
+            .collect()
+    }
+
+    /// What decommissioning `node_id` would change now; `None` for an unknown node.
+    pub fn decommission_effects(&self, node_id: &str) -> Option<DecommissionEffects> {
+        let node = self.nodes.get(node_id)?;
+        Some(DecommissionEffects {
+            node_id: node_id.to_string(),
+            hostname: node.hostname.clone(),
+            identity_public_key: node.public_key.clone(),
+            credentials_to_revoke: self.active_credential_ids(node_id),
+            hostname_conflicts_resolved: self
+                .enabled_claimants(&node.hostname)
+                .into_iter()
+                .filter(|n| n != node_id)
+                .collect(),
+            claims_to_spend: self
+                .tokens
+                .values()
+                .filter(|t| {
+                    t.claim
+                        .as_ref()
+                        .is_some_and(|c| c.node_id == node_id && !c.spent)
+                })
+                .map(|t| t.token_id.clone())
+                .collect(),
+            accelerators: node
+                .inventory
+                .accelerators
+                .iter()
+                .map(|a| a.uuid.clone())
+                .collect(),
+        })
+    }
+
+    /// Drop expired previews, then the oldest beyond [`PREVIEWS_MAX`]. Deterministic.
+    fn prune_previews(&mut self, now: i64) {
+        self.previews.retain(|_, p| p.expires_at_ms >= now);
+        while self.previews.len() > PREVIEWS_MAX {
+            let oldest = self
+                .previews
+                .values()
+                .min_by(|a, b| {
+                    (a.created_at_ms, &a.preview_id).cmp(&(b.created_at_ms, &b.preview_id))
+                })
+                .map(|p| p.preview_id.clone());
+            match oldest {
+                Some(id) => self.previews.remove(&id),
+                None => break,
+            };
+        }
+    }
+
+    fn preview_decommission(&mut self, now: i64, preview_id: &str, node_id: &str) -> ApplyResult {
+        self.prune_previews(now);
+        let Some(node) = self.nodes.get(node_id) else {
+            return Err(Refusal::new(404, "node_not_found", "no node with this id"));
+        };
+        if node.decommissioned_at_ms.is_some() {
+            return Err(Refusal::new(
+                409,
+                "node_decommissioned",
+                "the node is already decommissioned",
+            ));
+        }
+        if self.previews.contains_key(preview_id) {
+            return Err(Refusal::new(
+                409,
+                "preview_exists",
+                "preview id collision; retry",
+            ));
+        }
+        let effects = self
+            .decommission_effects(node_id)
+            .expect("node looked up above");
+        let preview = DecommissionPreview {
+            preview_id: preview_id.to_string(),
+            node_id: node_id.to_string(),
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(PREVIEW_TTL_MS),
+            fingerprint: effects.fingerprint(),
+            effects,
+            used_at_ms: None,
+        };
+        self.previews
+            .insert(preview_id.to_string(), preview.clone());
+        self.prune_previews(now);
+        Ok(Outcome::DecommissionPreviewed { preview })
+    }
+
+    fn execute_decommission(
+        &mut self,
+        now: i64,
+        preview_id: &str,
+        node_id: &str,
+        reason: &str,
+    ) -> ApplyResult {
+        let Some(node) = self.nodes.get(node_id) else {
+            return Err(Refusal::new(404, "node_not_found", "no node with this id"));
+        };
+        if node.decommissioned_at_ms.is_some() {
+            return Err(Refusal::new(
+                409,
+                "node_decommissioned",
+                "the node is already decommissioned",
+            ));
+        }
+        let Some(preview) = self.previews.get(preview_id) else {
+            return Err(Refusal::new(
+                404,
+                "preview_not_found",
+                "no decommission preview with this id (previews expire after 15 minutes); preview again",
+            ));
+        };
+        if preview.node_id != node_id {
+            return Err(Refusal::new(
+                409,
+                "preview_for_other_node",
+                format!("preview {preview_id} is for node {}", preview.node_id),
+            ));
+        }
+        if preview.used_at_ms.is_some() {
+            return Err(Refusal::new(
+                409,
+                "preview_used",
+                "this preview was already executed",
+            ));
+        }
+        if now > preview.expires_at_ms {
+            return Err(Refusal::new(
+                409,
+                "preview_expired",
+                "the preview expired (15 minutes); preview again",
+            ));
+        }
+        let effects = self
+            .decommission_effects(node_id)
+            .expect("node looked up above");
+        if effects.fingerprint() != preview.fingerprint {
+            let changes = preview.effects.changes(&effects);
+            return Err(Refusal::new(
+                409,
+                "preview_stale",
+                format!(
+                    "the state changed since the preview; preview again. Changed: {}",
+                    changes.join("; ")
+                ),
+            ));
+        }
+        let why = format!("decommissioned: {reason}");
+        for c in &effects.credentials_to_revoke {
+            self.revoke(now, c, &why, true);
+        }
+        for t in &effects.claims_to_spend {
+            if let Some(claim) = self.tokens.get_mut(t).and_then(|t| t.claim.as_mut()) {
+                claim.spent = true;
+            }
+        }
+        for other in &effects.hostname_conflicts_resolved {
+            if let Some(o) = self.nodes.get_mut(other) {
+                push_history(o, now, "hostname_conflict_resolved", node_id.to_string());
+            }
+        }
+        let node = self.nodes.get_mut(node_id).expect("node looked up above");
+        node.enabled = false;
+        node.decommissioned_at_ms = Some(now);
+        push_history(node, now, "decommissioned", reason.to_string());
+        let public_key = node.public_key.clone();
+        self.journal.0.push(Fact::NodeDecommissioned {
+            node_id: node_id.to_string(),
+            public_key,
+            at_ms: now,
+        });
+        // Nothing stays placed on hardware leaving service.
+        let placed: Vec<String> = self
+            .sched
+            .allocations
+            .values()
+            .filter(|a| a.node_id == node_id)
+            .map(|a| a.allocation_id.clone())
+            .collect();
+        for id in placed {
+            let _ = self.release(now, &id, "node decommissioned");
+        }
+        self.sched.smoke_required.remove(node_id);
+        if let Some(p) = self.previews.get_mut(preview_id) {
+            p.used_at_ms = Some(now);
+        }
+        Ok(Outcome::Decommissioned {
+            node_id: node_id.to_string(),
+            decommissioned_at_ms: now,
+            effects,
+        })
     }
 
     /// Ids of a node's active credentials, owned (for revoking them).

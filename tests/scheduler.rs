@@ -334,3 +334,44 @@ async fn after_a_restore_allocations_wait_for_fresh_nvml_and_are_reconciled_with
     assert_eq!(v["accelerator_uuids"], json!(["GPU-3"]));
     assert_eq!(allocate(&mut c, 1, None).await.0, 409);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_reused_for_another_target_is_another_request() {
+    let mut c = Cluster::start(1).await;
+    let mut creds = vec![];
+    for name in ["k1", "k2"] {
+        let token = c.new_token(600).await;
+        let mut a = Agent::new(c.root(), name, c.urls());
+        a.start(Some(&token));
+        creds.push(a.wait_enrolled(None).await);
+        a.stop();
+    }
+    let revoke = |node: String| {
+        let url = format!("{}/api/v1/admin/hardware/nodes/{node}/credential", c.url(1));
+        async move {
+            let r = http()
+                .delete(url)
+                .bearer_auth(ADMIN)
+                .header("Idempotency-Key", "same-key")
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (s1, v1) = revoke(creds[0].0.clone()).await;
+    let (s2, v2) = revoke(creds[1].0.clone()).await;
+    assert_eq!((s1, s2), (200, 200), "{v1} {v2}");
+    assert_ne!(
+        v1["revoked"], v2["revoked"],
+        "the second node got the first one's answer"
+    );
+    assert_eq!(c.heartbeat_all(&creds[1].0, &creds[1].1).await, vec![401]);
+    // The same key on the allocation endpoint is yet another request (no 500, no stored answer).
+    let (s, v) = allocate(&mut c, 1, Some("same-key")).await;
+    assert!(s == 201 || s == 409, "{s} {v}");
+    assert!(
+        v["allocation_id"].is_string() || v["error"]["code"] == "no_capacity",
+        "{v}"
+    );
+}

@@ -232,6 +232,11 @@ impl Agent {
                 .heartbeat_loop(&node_id, &cred, &mut sent_inventory)
                 .await
             {
+                Refusal::Unauthorized(why) if why == "node_decommissioned" => {
+                    return Err(anyhow!(
+                        "node {node_id} was decommissioned (401 node_decommissioned): this identity can never enrol again; to bring the hardware back, enrol it as a new node with an empty state dir"
+                    ));
+                }
                 Refusal::Unauthorized(why) => {
                     self.state.forget_credential();
                     if self.args.enrollment_token.is_none() || self.token_spent {

@@ -93,11 +93,12 @@ async fn agent(
             201 => {
                 let nid = v["node_id"].as_str().unwrap().to_string();
                 let cred = v["credential"].as_str().unwrap().to_string();
-                history
-                    .lock()
-                    .unwrap()
-                    .enrolled
-                    .push((tok.clone(), nid.clone(), cred.clone(), Instant::now()));
+                history.lock().unwrap().enrolled.push((
+                    tok.clone(),
+                    nid.clone(),
+                    cred.clone(),
+                    Instant::now(),
+                ));
                 break (nid, cred);
             }
             // Refused for good (e.g. the claim was spent by a journal fact after the restore).
@@ -121,7 +122,7 @@ async fn agent(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         history.lock().unwrap().revoke_sent.push(cred.clone());
         for _ in 0..40 {
             let u = &urls[k % urls.len()];
@@ -156,10 +157,13 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_token() {
-    let root = std::env::temp_dir().join(format!("mf-chaos-restore-{}", modelforge_proto::new_uuid()));
+    let root =
+        std::env::temp_dir().join(format!("mf-chaos-restore-{}", modelforge_proto::new_uuid()));
     std::fs::create_dir_all(&root).unwrap();
     let bin = modelforge_chaos::server_bin_for_tests();
-    let mut c = ChaosCluster::start(&bin, &root, 3, &[]).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut c = ChaosCluster::start(&bin, &root, 3, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let http = c.http.clone();
     let urls = c.urls();
 
@@ -193,7 +197,14 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
             if st.load(Ordering::Relaxed) {
                 break;
             }
-            running.push(tokio::spawn(agent(h.clone(), u.clone(), i, tok, hist.clone(), st.clone())));
+            running.push(tokio::spawn(agent(
+                h.clone(),
+                u.clone(),
+                i,
+                tok,
+                hist.clone(),
+                st.clone(),
+            )));
             if i % 6 == 5 {
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
@@ -204,10 +215,16 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
     });
 
     // A backup online, mid-traffic.
-    wait_for("20 enrolments", || history.lock().unwrap().enrolled.len() >= 20).await;
+    wait_for("20 enrolments", || {
+        history.lock().unwrap().enrolled.len() >= 20
+    })
+    .await;
     let backup_started = Instant::now();
     let backup = loop {
-        assert!(backup_started.elapsed() < Duration::from_secs(60), "no backup within 60 s");
+        assert!(
+            backup_started.elapsed() < Duration::from_secs(60),
+            "no backup within 60 s"
+        );
         let r = http
             .get(format!("{}/api/v1/admin/backup", urls[1]))
             .bearer_auth(ADMIN)
@@ -239,17 +256,26 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
     }
     for i in 1..=3 {
         let mut cmd = std::process::Command::new(&bin);
-        cmd.args(["restore", "--from"]).arg(&file).arg("--data-dir").arg(root.join(format!("m{i}")));
+        cmd.args(["restore", "--from"])
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(root.join(format!("m{i}")));
         for j in &journals {
             cmd.arg("--journal").arg(j);
         }
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     for i in 0..3 {
         c.start_member(i).unwrap();
     }
-    c.wait_leader(Duration::from_secs(60)).await.expect("the restored cluster elects a leader");
+    c.wait_leader(Duration::from_secs(60))
+        .await
+        .expect("the restored cluster elects a leader");
 
     // The traffic goes on against the restored cluster until every agent is done.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -259,7 +285,7 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
     stop.store(true, Ordering::Relaxed);
     traffic.await.unwrap();
 
-    let h = history.lock().unwrap();
+    let h = std::mem::take(&mut *history.lock().unwrap());
     let heartbeat = |url: String, nid: String, cred: String| {
         let http = http.clone();
         async move {
@@ -280,7 +306,10 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
         if h.revoked.contains(cred) {
             for u in &urls {
                 let s = heartbeat(u.clone(), nid.clone(), cred.clone()).await;
-                assert_eq!(s, 401, "a credential revoked before the restore got {s} from {u}");
+                assert_eq!(
+                    s, 401,
+                    "a credential revoked before the restore got {s} from {u}"
+                );
             }
             checked.0 += 1;
         } else if *at < backup_started && !h.revoke_sent.contains(cred) {
@@ -299,10 +328,16 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
             enrol_body(tok, "thief", &key),
         )
         .await;
-        assert_eq!(s, 401, "a claimed token minted a second identity after the restore: {v}");
+        assert_eq!(
+            s, 401,
+            "a claimed token minted a second identity after the restore: {v}"
+        );
         checked.2 += 1;
     }
-    assert!(checked.0 > 0 && checked.1 > 0, "the run checked too little: {checked:?}");
+    assert!(
+        checked.0 > 0 && checked.1 > 0,
+        "the run checked too little: {checked:?}"
+    );
     eprintln!(
         "restore mid-enrolment: {} enrolments acknowledged ({} before the backup), {} revocations \
          acknowledged; checked {} revoked, {} kept, {} tokens",
@@ -313,7 +348,6 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
         checked.1,
         checked.2
     );
-    drop(h);
 
     // The restored members converge.
     let deadline = Instant::now() + Duration::from_secs(30);

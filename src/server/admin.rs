@@ -72,7 +72,7 @@ pub async fn create_enrollment(
             "note must be at most 1024 bytes of printable text",
         ));
     }
-    let rid = request_id(&headers, "admin")?;
+    let rid = request_id(&headers, "admin enrollment.create")?;
     let token = Secret::generate(SecretKind::EnrollmentToken);
     let hash = ctx.hasher.hash(token.expose().to_string()).await?;
     let cmd = Command::CreateToken {
@@ -145,7 +145,7 @@ pub async fn cancel_enrollment(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("enrollment_id", &id)?;
-    let rid = request_id(&headers, "admin")?;
+    let rid = request_id(&headers, &format!("admin enrollment.cancel {id}"))?;
     // Refuse what cannot succeed without a replicated write (a bad request changes nothing);
     // apply decides again, for the races.
     ctx.linearize().await?;
@@ -217,7 +217,9 @@ fn node_summary(
     let conflicts: Vec<&str> = s
         .nodes
         .values()
-        .filter(|o| o.node_id != node.node_id && o.enabled && o.hostname == node.hostname)
+        .filter(|o| {
+            node.enabled && o.node_id != node.node_id && o.enabled && o.hostname == node.hostname
+        })
         .map(|o| o.node_id.as_str())
         .collect();
     // Accelerators count as verified only after a fresh hardware report since this member
@@ -409,7 +411,7 @@ pub async fn revoke_credential(
             "reason must be at most 1024 bytes of printable text",
         ));
     }
-    let rid = request_id(&headers, "admin")?;
+    let rid = request_id(&headers, &format!("admin credential.revoke {node_id}"))?;
     ctx.linearize().await?;
     if !ctx.app.read().nodes.contains_key(&node_id) {
         return Err(ApiError::not_found(
@@ -431,6 +433,149 @@ pub async fn revoke_credential(
         Outcome::Revoked { credential_ids } => {
             tracing::info!(node_id, revoked = ?credential_ids, "credentials revoked");
             Ok(axum::Json(json!({"node_id": node_id, "revoked": credential_ids})).into_response())
+        }
+        other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
+    }
+}
+
+fn preview_json(p: &crate::state::DecommissionPreview) -> Value {
+    json!({
+        "preview_id": p.preview_id,
+        "node_id": p.node_id,
+        "effects": {
+            "node_id": p.effects.node_id,
+            "hostname": p.effects.hostname,
+            "disable_node": true,
+            "ban_identity": p.effects.identity_public_key,
+            "credentials_to_revoke": p.effects.credentials_to_revoke,
+            "hostname_conflicts_resolved": p.effects.hostname_conflicts_resolved,
+            "claims_to_spend": p.effects.claims_to_spend,
+            "accelerators_leaving_service": p.effects.accelerators,
+        },
+        "fingerprint": p.fingerprint,
+        "created_at": rfc3339_ms(p.created_at_ms),
+        "expires_at": rfc3339_ms(p.expires_at_ms),
+    })
+}
+
+/// `POST /api/v1/admin/hardware/nodes/{node_id}/decommission/preview`: a replicated, audited
+/// write that records every effect and binds them to the state it saw (see ARCHITECTURE.md,
+/// "Decommission: preview, then execute").
+pub async fn decommission_preview(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(node_id): Path<String>,
+    JsonBody(_): JsonBody<EmptyBody>,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    let rid = request_id(&headers, &format!("admin decommission.preview {node_id}"))?;
+    ctx.linearize().await?;
+    if !ctx.app.read().nodes.contains_key(&node_id) {
+        return Err(ApiError::not_found(
+            "node_not_found",
+            "no node with this id",
+        ));
+    }
+    let cmd = Command::PreviewDecommission {
+        preview_id: modelforge_proto::new_uuid(),
+        node_id: node_id.clone(),
+    };
+    match ctx.propose("admin", rid, cmd).await? {
+        Outcome::DecommissionPreviewed { preview } => {
+            tracing::info!(
+                node_id,
+                preview_id = preview.preview_id,
+                "decommission previewed"
+            );
+            Ok(axum::Json(preview_json(&preview)).into_response())
+        }
+        other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyBody {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteBody {
+    preview_id: String,
+    reason: String,
+}
+
+/// `POST /api/v1/admin/hardware/nodes/{node_id}/decommission/execute` `{preview_id, reason}`:
+/// applies the preview's effects in one replicated step if they are unchanged, else 409.
+pub async fn decommission_execute(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Path(node_id): Path<String>,
+    JsonBody(body): JsonBody<ExecuteBody>,
+) -> Result<Response, ApiError> {
+    require_admin(&ctx, &headers)?;
+    check_id("node_id", &node_id)?;
+    check_id("preview_id", &body.preview_id)?;
+    let reason = body.reason.trim().to_string();
+    if reason.is_empty() || reason.len() > MAX_NOTE_LEN || reason.chars().any(|c| c.is_control()) {
+        return Err(ApiError::bad_request(
+            "invalid_reason",
+            "reason must be 1 to 1024 bytes of printable text",
+        ));
+    }
+    let rid = request_id(&headers, &format!("admin decommission.execute {node_id}"))?;
+    // What needs no decision by consensus is refused before proposing; apply decides the rest
+    // (stale, expired, already decommissioned), and audits it.
+    ctx.linearize().await?;
+    {
+        let s = ctx.app.read();
+        if !s.nodes.contains_key(&node_id) {
+            return Err(ApiError::not_found(
+                "node_not_found",
+                "no node with this id",
+            ));
+        }
+        let already_answered = s.dedup.contains_key(&rid);
+        match s.previews.get(&body.preview_id) {
+            None if !already_answered => {
+                return Err(ApiError::not_found(
+                    "preview_not_found",
+                    "no decommission preview with this id (previews expire after 15 minutes); preview again",
+                ));
+            }
+            Some(p) if p.node_id != node_id => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "preview_for_other_node",
+                    format!("preview {} is for node {}", p.preview_id, p.node_id),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let cmd = Command::ExecuteDecommission {
+        preview_id: body.preview_id.clone(),
+        node_id: node_id.clone(),
+        reason,
+    };
+    match ctx.propose("admin", rid, cmd).await? {
+        Outcome::Decommissioned {
+            node_id,
+            decommissioned_at_ms,
+            effects,
+        } => {
+            tracing::info!(node_id, revoked = ?effects.credentials_to_revoke, "node decommissioned");
+            Ok(axum::Json(json!({
+                "node_id": node_id,
+                "status": "decommissioned",
+                "enabled": false,
+                "decommissioned_at": rfc3339_ms(decommissioned_at_ms),
+                "preview_id": body.preview_id,
+                "revoked": effects.credentials_to_revoke,
+                "hostname_conflicts_resolved": effects.hostname_conflicts_resolved,
+                "claims_spent": effects.claims_to_spend,
+            }))
+            .into_response())
         }
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
     }
@@ -476,7 +621,7 @@ pub async fn audit(
         .take(limit)
         .map(|e| {
             json!({
-                "seq": e.seq, "at": rfc3339_ms(e.at_ms), "actor": e.actor, "action": e.action, "target": e.target,
+                "seq": e.seq, "at": rfc3339_ms(e.at_ms), "at_ms": e.at_ms, "actor": e.actor, "action": e.action, "target": e.target,
                 "result": e.result, "request_id": e.request_id, "log_index": e.log_index,
                 "prev_hash": e.prev_hash, "hash": e.hash,
             })

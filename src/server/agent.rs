@@ -230,6 +230,17 @@ async fn authenticate_inner(
                 "invalid_credential",
                 "the credential matches no stored credential",
             )),
+            Some(c)
+                if c.revoked_at_ms.is_some()
+                    && s.nodes
+                        .get(&c.node_id)
+                        .is_some_and(|n| n.decommissioned_at_ms.is_some()) =>
+            {
+                Err(ApiError::unauthorized(
+                    "node_decommissioned",
+                    "the credential was revoked because its node was decommissioned; this identity can never enrol again",
+                ))
+            }
             Some(c) if c.revoked_at_ms.is_some() => Err(ApiError::unauthorized(
                 "credential_revoked",
                 "the credential was revoked",

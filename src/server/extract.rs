@@ -119,8 +119,11 @@ pub fn check_id(what: &'static str, id: &str) -> Result<(), ApiError> {
 }
 
 /// The request id of a write: derived from `Idempotency-Key` when given (so a retry of the
-/// same logical request applies once), else fresh.
-pub fn request_id(headers: &HeaderMap, actor: &str) -> Result<String, ApiError> {
+/// same logical request applies once), else fresh. `scope` names the actor, the operation and
+/// its target (`admin credential.revoke <node>`), so a key reused for another operation or
+/// another object is another request, never the first one's stored answer.
+pub fn request_id(headers: &HeaderMap, scope: &str) -> Result<String, ApiError> {
+    let actor = scope;
     use sha2::Digest;
     match headers.get("idempotency-key") {
         None => Ok(modelforge_proto::new_uuid()),

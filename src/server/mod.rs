@@ -225,6 +225,14 @@ pub fn router(ctx: Shared) -> Router {
             "/api/v1/admin/hardware/nodes/{node_id}/credential",
             axum::routing::delete(admin::revoke_credential),
         )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/decommission/preview",
+            post(admin::decommission_preview),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/decommission/execute",
+            post(admin::decommission_execute),
+        )
         .route("/api/v1/admin/audit", get(admin::audit))
         .route("/api/v1/allocations", post(scheduler::allocate))
         .route(

@@ -2,7 +2,7 @@
 //!
 //! Life of an allocation: admin token -> leadership by lease -> the leader's measured view
 //! (supervisor shards: a node's accelerators count only if a report arrived since this member
-//! last rebuilt its view) -> candidates: enabled, not decommissioned, not waiting for a smoke
+//! last rebuilt its view) -> candidates: enabled, online, not decommissioned, not waiting for a smoke
 //! (when `--require-smoke`, the default), GPUs in the inventory with enough memory, not
 //! allocated, not busy outside the scheduler -> best fit (the node with the fewest free GPUs
 //! that still fits, so large requests keep finding whole nodes) -> propose `Allocate`, which
@@ -49,13 +49,21 @@ fn verified(live: Option<&crate::supervisor::NodeLive>, rebuilt_at: i64) -> bool
         .is_some_and(|r| r >= rebuilt_at)
 }
 
+/// Whether the node heartbeats now (not stale): work is never placed on a silent node.
+fn online(ctx: &Shared, live: Option<&crate::supervisor::NodeLive>, now: i64) -> bool {
+    live.and_then(|l| l.last_heartbeat_ms)
+        .is_some_and(|h| now - h < ctx.cfg.thresholds.stale_after_ms)
+}
+
 /// GPUs of a node free for placement, with at least `min_mib` of memory (unknown memory
 /// counts as not enough when a minimum is asked).
 fn free_gpus(s: &Replicated, node_id: &str, min_mib: Option<u64>) -> Vec<String> {
     let Some(node) = s.nodes.get(node_id) else {
         return vec![];
     };
-    let taken = s.sched.allocated(node_id);
+    // A GPU uuid names one physical device: taken on any node is taken (two node records
+    // of one machine, after its identity file was lost, report the same GPUs).
+    let taken = s.sched.allocated_anywhere();
     let busy = s.sched.external_busy.get(node_id);
     node.inventory
         .accelerators
@@ -90,7 +98,7 @@ pub async fn allocate(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let rid = request_id(&headers, "admin")?;
+    let rid = request_id(&headers, "admin allocation.create")?;
     let _placing = ctx.placement.lock().await;
     ctx.linearize().await?;
     let existing = key.as_ref().and_then(|k| {
@@ -106,14 +114,17 @@ pub async fn allocate(
     }
     let live = ctx.live.sup.all().await;
     let rebuilt_at = ctx.live.sup.rebuilt_at();
+    let now = now_ms();
     let choice = {
         let s = ctx.app.read();
         let mut best: Option<(usize, String, Vec<String>)> = None;
         for (id, node) in &s.nodes {
+            let l = live.get(id).map(|(l, _)| l);
             if !node.enabled
                 || node.decommissioned_at_ms.is_some()
                 || (ctx.cfg.require_smoke && s.sched.smoke_required.contains(id))
-                || !verified(live.get(id).map(|(l, _)| l), rebuilt_at)
+                || !verified(l, rebuilt_at)
+                || !online(&ctx, l, now)
             {
                 continue;
             }
@@ -171,7 +182,10 @@ pub async fn release(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("allocation_id", &allocation_id)?;
-    let rid = request_id(&headers, "admin")?;
+    let rid = request_id(
+        &headers,
+        &format!("admin allocation.release {allocation_id}"),
+    )?;
     ctx.propose(
         "admin",
         rid,
@@ -189,6 +203,7 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
     ctx.linearize().await?;
     let live = ctx.live.sup.all().await;
     let rebuilt_at = ctx.live.sup.rebuilt_at();
+    let now = now_ms();
     let s = ctx.app.read();
     let mut nodes = vec![];
     for (id, node) in &s.nodes {
@@ -207,9 +222,12 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
                        "created_at": rfc3339_ms(a.created_at_ms)})
             })
             .collect();
-        let verified = verified(live.get(id).map(|(l, _)| l), rebuilt_at);
+        let l = live.get(id).map(|(l, _)| l);
+        let verified = verified(l, rebuilt_at);
+        let online = online(&ctx, l, now);
         let smoke_required = s.sched.smoke_required.contains(id);
-        let offered = node.enabled && verified && !(ctx.cfg.require_smoke && smoke_required);
+        let offered =
+            node.enabled && verified && online && !(ctx.cfg.require_smoke && smoke_required);
         let free: Vec<String> = if offered {
             free_gpus(&s, id, None)
         } else {
@@ -226,6 +244,7 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
             "hostname": node.hostname,
             "enabled": node.enabled,
             "verified": verified,
+            "online": online,
             "smoke_required": smoke_required,
             "offered": offered,
             "accelerators": node.inventory.accelerators.len(),
@@ -251,7 +270,7 @@ pub async fn start_smoke(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("node_id", &node_id)?;
-    let rid = request_id(&headers, "admin")?;
+    let rid = request_id(&headers, &format!("admin smoke.start {node_id}"))?;
     let smoke_id = format!("smk-{}", &rid.replace('-', "")[..20.min(rid.len())]);
     let cmd = Command::StartSmoke {
         smoke_id: smoke_id.clone(),

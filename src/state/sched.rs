@@ -75,6 +75,14 @@ impl Scheduling {
             .collect()
     }
 
+    /// GPUs held by any allocation on any node (a uuid names one physical device).
+    pub fn allocated_anywhere(&self) -> BTreeSet<&str> {
+        self.allocations
+            .values()
+            .flat_map(|a| a.accelerator_uuids.iter().map(String::as_str))
+            .collect()
+    }
+
     /// The pending smoke of a node, if any (the oldest).
     pub fn pending_smoke(&self, node_id: &str) -> Option<&Smoke> {
         self.smokes
@@ -137,7 +145,7 @@ impl State {
                 "no accelerator named",
             ));
         }
-        let taken = self.sched.allocated(node_id);
+        let taken = self.sched.allocated_anywhere();
         let busy = self.sched.external_busy.get(node_id);
         let mut seen = BTreeSet::new();
         for u in uuids {

@@ -355,6 +355,212 @@ fn snapshot_round_trip_preserves_digest() {
     assert_eq!(back.digest(), s.digest());
 }
 
+fn preview(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> ApplyResult {
+    s.apply(
+        4,
+        &env(
+            req,
+            now,
+            Command::PreviewDecommission {
+                preview_id: id.into(),
+                node_id: node.into(),
+            },
+        ),
+    )
+}
+
+fn execute(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> ApplyResult {
+    s.apply(
+        5,
+        &env(
+            req,
+            now,
+            Command::ExecuteDecommission {
+                preview_id: id.into(),
+                node_id: node.into(),
+                reason: "hardware retired".into(),
+            },
+        ),
+    )
+}
+
+/// Two nodes claiming hostname gpu-1 (the identity-lost case): nA old, nB new.
+fn two_nodes_one_hostname() -> State {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    create(&mut s, "t2", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "cA").unwrap();
+    touch(&mut s, "cA", 1002);
+    enroll(&mut s, "r2", 1003, "t2", "keyB", "nB", "cB").unwrap();
+    s
+}
+
+#[test]
+fn decommission_preview_then_execute_revokes_disables_and_never_deletes() {
+    let mut s = two_nodes_one_hostname();
+    assert!(
+        s.nodes["nA"]
+            .history
+            .iter()
+            .any(|e| e.kind == "hostname_conflict" && e.detail == "nB")
+    );
+    let Ok(Outcome::DecommissionPreviewed { preview: p }) =
+        preview(&mut s, "p1", 2000, "pv1", "nA")
+    else {
+        panic!("preview refused");
+    };
+    assert_eq!(p.effects.credentials_to_revoke, vec!["cA".to_string()]);
+    assert_eq!(
+        p.effects.hostname_conflicts_resolved,
+        vec!["nB".to_string()]
+    );
+    assert_eq!(p.effects.identity_public_key, "keyA");
+    assert_eq!(p.expires_at_ms, 2000 + PREVIEW_TTL_MS);
+    // A preview changes nothing but the preview table and the audit trail.
+    assert!(s.nodes["nA"].enabled);
+    assert!(s.credentials["cA"].revoked_at_ms.is_none());
+    let r = execute(&mut s, "x1", 2100, "pv1", "nA").unwrap();
+    assert!(matches!(r, Outcome::Decommissioned { ref node_id, .. } if node_id == "nA"));
+    let node = &s.nodes["nA"];
+    assert!(!node.enabled);
+    assert_eq!(node.decommissioned_at_ms, Some(2100));
+    assert!(
+        node.history
+            .iter()
+            .any(|e| e.kind == "decommissioned" && e.detail == "hardware retired")
+    );
+    assert!(s.credentials["cA"].revoked_at_ms.is_some());
+    assert_eq!(s.identities.get("keyA"), Some(&"nA".to_string()));
+    assert_eq!(s.nodes.len(), 2, "never deleted");
+    assert_eq!(s.enabled_claimants("gpu-1"), vec!["nB".to_string()]);
+    assert!(
+        s.nodes["nB"]
+            .history
+            .iter()
+            .any(|e| e.kind == "hostname_conflict_resolved")
+    );
+    // Both steps are audited, with the node as target.
+    let tail: Vec<(&str, &str, &str)> = s
+        .audit
+        .iter()
+        .rev()
+        .take(2)
+        .map(|e| (e.action.as_str(), e.target.as_str(), e.result.as_str()))
+        .collect();
+    assert_eq!(
+        tail,
+        vec![
+            ("node.decommission.execute", "nA", "ok"),
+            ("node.decommission.preview", "nA", "ok")
+        ]
+    );
+    assert_eq!(verify_audit_chain(&s.audit), Ok(()));
+    // The identity can never enrol again.
+    create(&mut s, "t3", 3000);
+    let e = enroll(&mut s, "r3", 3001, "t3", "keyA", "nZ", "cZ").unwrap_err();
+    assert_eq!(
+        (e.status, e.code.as_str()),
+        (403, "identity_decommissioned")
+    );
+    // A decommissioned node cannot be previewed or executed again.
+    let e = preview(&mut s, "p2", 3002, "pv2", "nA").unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "node_decommissioned"));
+    let e = execute(&mut s, "x2", 3003, "pv1", "nA").unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "node_decommissioned"));
+}
+
+#[test]
+fn a_stale_preview_is_refused_with_what_changed_and_changes_nothing() {
+    let mut s = two_nodes_one_hostname();
+    preview(&mut s, "p1", 2000, "pv1", "nA").unwrap();
+    // The node re-enrols with a fresh token: a new credential the preview did not show.
+    create(&mut s, "t3", 2001);
+    enroll(&mut s, "r3", 2002, "t3", "keyA", "unused", "cA2").unwrap();
+    let before = s.clone();
+    let e = execute(&mut s, "x1", 2100, "pv1", "nA").unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "preview_stale"));
+    assert!(
+        e.message
+            .contains("credentials_to_revoke: was [cA], now [cA2]"),
+        "{}",
+        e.message
+    );
+    assert!(s.nodes["nA"].enabled);
+    assert!(s.credentials["cA2"].revoked_at_ms.is_none());
+    assert_eq!(s.nodes, before.nodes);
+    assert_eq!(s.credentials, before.credentials);
+    assert_eq!(s.audit.last().unwrap().result, "preview_stale");
+    // A fresh preview binds to the new state and executes.
+    preview(&mut s, "p2", 2200, "pv2", "nA").unwrap();
+    execute(&mut s, "x2", 2300, "pv2", "nA").unwrap();
+    assert!(s.credentials["cA2"].revoked_at_ms.is_some());
+}
+
+#[test]
+fn a_new_node_claiming_the_hostname_makes_the_preview_stale() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "cA").unwrap();
+    preview(&mut s, "p1", 1100, "pv1", "nA").unwrap();
+    create(&mut s, "t2", 1200);
+    enroll(&mut s, "r2", 1201, "t2", "keyB", "nB", "cB").unwrap();
+    let e = execute(&mut s, "x1", 1300, "pv1", "nA").unwrap_err();
+    assert_eq!(e.code, "preview_stale");
+    assert!(
+        e.message
+            .contains("hostname_conflicts_resolved: was [], now [nB]"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn decommission_execute_retried_by_request_id_returns_the_first_answer() {
+    let mut s = two_nodes_one_hostname();
+    preview(&mut s, "p1", 2000, "pv1", "nA").unwrap();
+    let first = execute(&mut s, "idem-x", 2100, "pv1", "nA");
+    let audit_len = s.audit.len();
+    let again = execute(&mut s, "idem-x", 2200, "pv1", "nA");
+    assert!(first.is_ok());
+    assert_eq!(first, again, "same request id, same answer");
+    assert_eq!(s.audit.len(), audit_len, "applied once");
+    assert_eq!(s.nodes["nA"].decommissioned_at_ms, Some(2100));
+}
+
+#[test]
+fn previews_expire_by_envelope_time_and_are_bound_to_their_node() {
+    let mut s = two_nodes_one_hostname();
+    preview(&mut s, "p1", 2000, "pv1", "nA").unwrap();
+    let e = execute(&mut s, "x0", 2001, "pv1", "nB").unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "preview_for_other_node"));
+    let e = execute(&mut s, "x1", 2000 + PREVIEW_TTL_MS + 1, "pv1", "nA").unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "preview_expired"));
+    // The next preview prunes the expired one.
+    preview(&mut s, "p2", 2000 + PREVIEW_TTL_MS + 2, "pv2", "nA").unwrap();
+    assert!(!s.previews.contains_key("pv1"));
+    let e = execute(&mut s, "x2", 2000 + PREVIEW_TTL_MS + 3, "pv1", "nA").unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (404, "preview_not_found"));
+    let e = preview(&mut s, "p3", 2000 + PREVIEW_TTL_MS + 4, "pv3", "nobody").unwrap_err();
+    assert_eq!(e.code, "node_not_found");
+    assert!(s.nodes["nA"].enabled);
+}
+
+#[test]
+fn the_first_heartbeat_spending_the_claim_does_not_make_a_preview_stale() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "cA").unwrap();
+    let Ok(Outcome::DecommissionPreviewed { preview: p }) =
+        preview(&mut s, "p1", 1100, "pv1", "nA")
+    else {
+        panic!("preview refused");
+    };
+    assert_eq!(p.effects.claims_to_spend, vec!["t1".to_string()]);
+    touch(&mut s, "cA", 1200);
+    execute(&mut s, "x1", 1300, "pv1", "nA").unwrap();
+    assert!(s.tokens["t1"].claim.as_ref().unwrap().spent);
+}
+
 fn inventory_with(uuids: &[&str]) -> Inventory {
     Inventory {
         accelerators: uuids

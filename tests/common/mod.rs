@@ -18,8 +18,13 @@ use serde_json::json;
 pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// The `modelforge` binary: cargo's, unless `MF_TEST_BIN_DIR` names a folder holding a copy
+/// (for a target dir shared with other builds, whose binaries can change under a test run).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_modelforge"))
+    match std::env::var_os("MF_TEST_BIN_DIR") {
+        Some(d) => PathBuf::from(d).join("modelforge"),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_modelforge")),
+    }
 }
 
 /// The agent binary sits beside the server's; build it if this test run has not.
@@ -40,12 +45,23 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// A free loopback port, never the same one twice in this process (the kernel can hand out a
+/// just-released port again, and two members given one port made a member vote for itself
+/// twice, which tripped an openraft assertion).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub fn http() -> reqwest::Client {

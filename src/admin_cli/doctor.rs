@@ -1,0 +1,396 @@
+//! `modelforge admin doctor <node>`: the runbook's Diagnose step for one node, decided by a
+//! plain function over what the API shows ([`diagnose`]), so every verdict is unit-tested.
+
+use serde_json::Value;
+use serde_json::json;
+
+/// What the doctor decided. The exit code is documented in README.md and the runbook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Healthy,
+    CredentialRevoked,
+    CredentialForOtherNode,
+    AgentSilent,
+    HostnameConflict,
+    Decommissioned,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Healthy => "healthy",
+            Verdict::CredentialRevoked => "credential_revoked",
+            Verdict::CredentialForOtherNode => "credential_for_other_node",
+            Verdict::AgentSilent => "agent_silent",
+            Verdict::HostnameConflict => "hostname_conflict",
+            Verdict::Decommissioned => "decommissioned",
+        }
+    }
+
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Healthy => 0,
+            Verdict::CredentialRevoked => 10,
+            Verdict::CredentialForOtherNode => 11,
+            Verdict::AgentSilent => 12,
+            Verdict::HostnameConflict => 13,
+            Verdict::Decommissioned => 14,
+        }
+    }
+}
+
+/// The facts the verdict rests on, read from the node view and its credentials.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    pub node_id: String,
+    pub hostname: String,
+    pub status: String,
+    pub decommissioned_at: Option<String>,
+    pub last_heartbeat_at: Option<String>,
+    pub last_heartbeat_ms: Option<i64>,
+    /// (401 or 403, at, at in ms)
+    pub last_refusal: Option<(u16, String, i64)>,
+    pub active: u64,
+    pub revoked: u64,
+    pub active_last_used_at: Option<String>,
+    pub hostname_conflicts: Vec<String>,
+    pub accelerators: usize,
+    pub accelerators_verified: bool,
+    pub view_rebuilt_at: Option<String>,
+}
+
+fn ms(v: &Value) -> Option<i64> {
+    humantime::parse_rfc3339_weak(v.as_str()?)
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as i64)
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_string)
+}
+
+impl Facts {
+    /// From `GET .../nodes/{id}` and `GET .../nodes/{id}/credentials`.
+    pub fn from_api(node: &Value, creds: &Value) -> Self {
+        let active_last_used_at = creds["credentials"].as_array().and_then(|cs| {
+            cs.iter()
+                .filter(|c| c["revoked_at"].is_null())
+                .filter_map(|c| text(&c["last_used_at"]))
+                .max()
+        });
+        Facts {
+            node_id: text(&node["node_id"]).unwrap_or_default(),
+            hostname: text(&node["hostname"]).unwrap_or_default(),
+            status: text(&node["status"]).unwrap_or_default(),
+            decommissioned_at: text(&node["decommissioned_at"]),
+            last_heartbeat_at: text(&node["last_heartbeat_at"]),
+            last_heartbeat_ms: ms(&node["last_heartbeat_at"]),
+            last_refusal: node["last_refusal"]["status"].as_u64().map(|s| {
+                (
+                    s as u16,
+                    text(&node["last_refusal"]["at"]).unwrap_or_default(),
+                    ms(&node["last_refusal"]["at"]).unwrap_or(0),
+                )
+            }),
+            active: creds["active"].as_u64().unwrap_or(0),
+            revoked: creds["revoked"].as_u64().unwrap_or(0),
+            active_last_used_at,
+            hostname_conflicts: node["hostname_conflicts"]
+                .as_array()
+                .map(|a| a.iter().filter_map(text).collect())
+                .unwrap_or_default(),
+            accelerators: node["accelerators"].as_array().map_or(0, |a| a.len()),
+            accelerators_verified: node["accelerators_verified"].as_bool().unwrap_or(false),
+            view_rebuilt_at: text(&node["view_rebuilt_at"]),
+        }
+    }
+}
+
+/// The runbook case for `f`, in the runbook's order of precedence.
+pub fn diagnose(f: &Facts) -> Verdict {
+    if f.status == "decommissioned" || f.decommissioned_at.is_some() {
+        return Verdict::Decommissioned;
+    }
+    // A refusal newer than the last accepted heartbeat is what the agent hears now.
+    if let Some((status, _, at)) = &f.last_refusal
+        && f.last_heartbeat_ms.is_none_or(|hb| *at > hb)
+    {
+        return if *status == 403 {
+            Verdict::CredentialForOtherNode
+        } else {
+            Verdict::CredentialRevoked
+        };
+    }
+    if f.active == 0 {
+        return Verdict::CredentialRevoked;
+    }
+    if f.status != "online" {
+        return Verdict::AgentSilent;
+    }
+    if !f.hostname_conflicts.is_empty() {
+        return Verdict::HostnameConflict;
+    }
+    Verdict::Healthy
+}
+
+/// The runbook case a verdict points to, and the exact commands (node id filled in).
+pub fn advice(f: &Facts, v: Verdict) -> (String, Vec<String>) {
+    let id = &f.node_id;
+    let reenrol = vec![
+        format!("TOKEN=$(modelforge admin enrollments create --note \"recover node {id}\" -q)"),
+        "# on the node (keep identity.json; the agent re-enrols onto the same node id):".into(),
+        "MODELFORGE_ENROLLMENT_TOKEN=\"$TOKEN\" modelforge-agent --state-dir \"$AGENT_STATE_DIR\""
+            .into(),
+        format!("modelforge admin doctor {id} --wait 60s"),
+    ];
+    match v {
+        Verdict::Healthy => (
+            "The node still has its credential: nothing to do (RUNBOOK_NODE_RECOVERY.md, case 1)."
+                .into(),
+            vec![],
+        ),
+        Verdict::CredentialRevoked => {
+            let mut cmds = vec![
+                "# If the credential is believed stolen and still active, revoke it first:".into(),
+                format!(
+                    "modelforge admin nodes revoke-credential {id} --reason \"believed stolen\""
+                ),
+            ];
+            cmds.extend(reenrol);
+            (
+                "Heartbeats get 401: the credential is revoked or lost. Re-enrol with a fresh token (RUNBOOK_NODE_RECOVERY.md, cases 2 and 3)."
+                    .into(),
+                cmds,
+            )
+        }
+        Verdict::CredentialForOtherNode => {
+            let mut cmds = vec![
+                format!("modelforge admin nodes list --hostname {}", f.hostname),
+                "# on the node: stop the agent; identity.json names this node but its credential is another node's".into(),
+                "rm \"$AGENT_STATE_DIR/credential\"".into(),
+            ];
+            cmds.extend(reenrol);
+            (
+                format!(
+                    "Heartbeats get 403: a valid credential of another node is presented for {id} (a copied or mixed-up state dir). Treat that credential as stolen (revoke it on its own node), then re-enrol this node (RUNBOOK_NODE_RECOVERY.md, Diagnose, 403)."
+                ),
+                cmds,
+            )
+        }
+        Verdict::AgentSilent => {
+            let mut cmds = vec![
+                "# on the node: is the agent running, and does it reach a member?".into(),
+                "curl -s \"$MODELFORGE_URL/healthz\"".into(),
+                "modelforge-agent --state-dir \"$AGENT_STATE_DIR\"".into(),
+                format!("modelforge admin doctor {id} --wait 60s"),
+            ];
+            for other in &f.hostname_conflicts {
+                cmds.push(format!(
+                    "# {other} also claims {}: if this node's identity file was lost, decommission this node:",
+                    f.hostname
+                ));
+                cmds.push(format!("modelforge admin decommission preview {id}"));
+            }
+            (
+                "No requests at all: the agent is down or cannot reach the control plane (RUNBOOK_NODE_RECOVERY.md, Diagnose, no requests)."
+                    .into(),
+                cmds,
+            )
+        }
+        Verdict::HostnameConflict => {
+            let mut cmds = vec![format!(
+                "modelforge admin nodes list --hostname {} --enabled true",
+                f.hostname
+            )];
+            for other in &f.hostname_conflicts {
+                cmds.push(format!(
+                    "PREVIEW_ID=$(modelforge admin decommission preview {other} -q)"
+                ));
+                cmds.push(format!(
+                    "modelforge admin decommission execute {other} --preview-id \"$PREVIEW_ID\" --reason \"identity lost; superseded by {id}\""
+                ));
+            }
+            (
+                format!(
+                    "Another enabled node claims hostname {}: the identity file was lost and the hardware enrolled again. If the old identity is superseded, decommission it (RUNBOOK_NODE_RECOVERY.md, case 4; RUNBOOK_NODE_DECOMMISSION.md).",
+                    f.hostname
+                ),
+                cmds,
+            )
+        }
+        Verdict::Decommissioned => (
+            format!(
+                "The node was decommissioned at {}: nothing to recover. To bring the hardware back, enrol it as a new node with an empty state dir (RUNBOOK_NODE_DECOMMISSION.md).",
+                f.decommissioned_at.as_deref().unwrap_or("?")
+            ),
+            vec![
+                "rm -rf \"$AGENT_STATE_DIR\"".into(),
+                "TOKEN=$(modelforge admin enrollments create -q)".into(),
+                "MODELFORGE_ENROLLMENT_TOKEN=\"$TOKEN\" modelforge-agent --state-dir \"$AGENT_STATE_DIR\"".into(),
+            ],
+        ),
+    }
+}
+
+/// The report as JSON (`--output json`).
+pub fn report_json(f: &Facts, v: Verdict) -> Value {
+    let (case, commands) = advice(f, v);
+    json!({
+        "node_id": f.node_id,
+        "verdict": v.name(),
+        "exit_code": v.exit_code(),
+        "checks": {
+            "status": f.status,
+            "last_heartbeat_at": f.last_heartbeat_at,
+            "last_refusal": f.last_refusal.as_ref().map(|(s, at, _)| json!({"status": s, "at": at})),
+            "credentials_active": f.active,
+            "credentials_revoked": f.revoked,
+            "active_credential_last_used_at": f.active_last_used_at,
+            "hostname": f.hostname,
+            "hostname_conflicts": f.hostname_conflicts,
+            "accelerators": f.accelerators,
+            "accelerators_verified": f.accelerators_verified,
+            "view_rebuilt_at": f.view_rebuilt_at,
+            "decommissioned_at": f.decommissioned_at,
+        },
+        "case": case,
+        "commands": commands,
+    })
+}
+
+/// The report for a terminal.
+pub fn report_text(f: &Facts, v: Verdict) -> String {
+    let (case, commands) = advice(f, v);
+    let or = |o: &Option<String>, d: &str| o.clone().unwrap_or_else(|| d.to_string());
+    let answered = match (&f.last_refusal, f.last_heartbeat_ms) {
+        (Some((s, at, rat)), hb) if hb.is_none_or(|hb| *rat > hb) => {
+            format!("{s} (latest refusal at {at}, after the last accepted heartbeat)")
+        }
+        (_, Some(_)) => "200".to_string(),
+        (_, None) => "nothing: no request seen".to_string(),
+    };
+    let mut out = String::new();
+    out.push_str(&format!("node {} ({})\n", f.node_id, f.hostname));
+    out.push_str(&format!("  status:               {}\n", f.status));
+    out.push_str(&format!(
+        "  last heartbeat:       {}\n",
+        or(&f.last_heartbeat_at, "never")
+    ));
+    out.push_str(&format!("  requests answered:    {answered}\n"));
+    out.push_str(&format!(
+        "  credentials:          {} active, {} revoked; active one last used {}\n",
+        f.active,
+        f.revoked,
+        or(&f.active_last_used_at, "never")
+    ));
+    out.push_str(&format!(
+        "  hostname conflicts:   {}\n",
+        if f.hostname_conflicts.is_empty() {
+            "none".to_string()
+        } else {
+            f.hostname_conflicts.join(", ")
+        }
+    ));
+    out.push_str(&format!(
+        "  accelerators:         {} ({} since the view was rebuilt at {})\n",
+        f.accelerators,
+        if f.accelerators_verified {
+            "verified"
+        } else {
+            "not verified"
+        },
+        or(&f.view_rebuilt_at, "?")
+    ));
+    out.push_str(&format!("verdict: {} (exit {})\n", v.name(), v.exit_code()));
+    out.push_str(&format!("case: {case}\n"));
+    if !commands.is_empty() {
+        out.push_str("run:\n");
+        for c in commands {
+            out.push_str(&format!("  {c}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> Facts {
+        Facts {
+            node_id: "n1".into(),
+            hostname: "gpu-1".into(),
+            status: "online".into(),
+            last_heartbeat_ms: Some(10_000),
+            active: 1,
+            revoked: 0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_runbook_case_has_its_verdict() {
+        assert_eq!(diagnose(&healthy()), Verdict::Healthy);
+        let mut f = healthy();
+        f.last_refusal = Some((401, String::new(), 11_000));
+        assert_eq!(diagnose(&f), Verdict::CredentialRevoked);
+        f.last_refusal = Some((403, String::new(), 11_000));
+        assert_eq!(diagnose(&f), Verdict::CredentialForOtherNode);
+        // A refusal older than the last accepted heartbeat is history, not the present.
+        f.last_refusal = Some((401, String::new(), 9_000));
+        assert_eq!(diagnose(&f), Verdict::Healthy);
+        let mut f = healthy();
+        f.status = "stale".into();
+        assert_eq!(diagnose(&f), Verdict::AgentSilent);
+        f.status = "never_seen".into();
+        f.last_heartbeat_ms = None;
+        assert_eq!(diagnose(&f), Verdict::AgentSilent);
+        let mut f = healthy();
+        f.active = 0;
+        f.revoked = 2;
+        assert_eq!(diagnose(&f), Verdict::CredentialRevoked);
+        let mut f = healthy();
+        f.hostname_conflicts = vec!["n0".into()];
+        assert_eq!(diagnose(&f), Verdict::HostnameConflict);
+        let (_, cmds) = advice(&f, Verdict::HostnameConflict);
+        assert!(cmds.iter().any(|c| c.contains("decommission preview n0")));
+        let mut f = healthy();
+        f.status = "decommissioned".into();
+        f.active = 0;
+        assert_eq!(diagnose(&f), Verdict::Decommissioned);
+    }
+
+    #[test]
+    fn exit_codes_are_distinct_and_zero_only_when_healthy() {
+        let all = [
+            Verdict::Healthy,
+            Verdict::CredentialRevoked,
+            Verdict::CredentialForOtherNode,
+            Verdict::AgentSilent,
+            Verdict::HostnameConflict,
+            Verdict::Decommissioned,
+        ];
+        let mut codes: Vec<i32> = all.iter().map(|v| v.exit_code()).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes.len(), all.len());
+        assert!(
+            all.iter()
+                .all(|v| (v.exit_code() == 0) == (*v == Verdict::Healthy))
+        );
+    }
+
+    #[test]
+    fn commands_name_the_real_node() {
+        let mut f = healthy();
+        f.node_id = "abc-123".into();
+        let (_, cmds) = advice(&f, Verdict::CredentialRevoked);
+        assert!(cmds.iter().any(|c| c.contains("revoke-credential abc-123")));
+        assert!(
+            cmds.iter()
+                .any(|c| c == "modelforge admin doctor abc-123 --wait 60s")
+        );
+    }
+}

@@ -1,0 +1,661 @@
+//! The operator's workflow over real processes: decommission (preview, stale preview, execute,
+//! retry), a decommissioned identity trying to enrol, hostname conflicts, the `modelforge
+//! admin` CLI (exit codes, failover, JSON), audit verification of live and tampered exports,
+//! and the doctor's verdict for each runbook case.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use serde_json::json;
+
+/// Run `modelforge admin <args>` against `urls`; (exit code, stdout, stderr).
+async fn admin_cli(urls: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(server_bin())
+        .arg("admin")
+        .args(args)
+        .env("MODELFORGE_URL", urls)
+        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+        .env("MODELFORGE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run modelforge admin");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn admin_json(urls: &str, args: &[&str]) -> (i32, Value) {
+    let mut a = args.to_vec();
+    a.extend(["--output", "json"]);
+    let (code, out, err) = admin_cli(urls, &a).await;
+    let v = serde_json::from_str(&out).unwrap_or_else(|_| json!({"stdout": out, "stderr": err}));
+    (code, v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_enrols_again() {
+    let mut c = Cluster::start(3).await;
+    let t1 = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&t1));
+    let (old_id, _) = a.wait_enrolled(None).await;
+
+    // The preview computes every effect and changes nothing.
+    let path = format!("/api/v1/admin/hardware/nodes/{old_id}/decommission");
+    let (s, p1) = c.admin("POST", &format!("{path}/preview"), None).await;
+    assert_eq!(s, 200, "{p1}");
+    assert_eq!(
+        p1["effects"]["credentials_to_revoke"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(p1["effects"]["hostname_conflicts_resolved"], json!([]));
+    assert_eq!(c.node(&old_id).await["enabled"], true);
+
+    // The identity file is lost: the same hardware enrols as a new node under its hostname.
+    let t2 = c.new_token(600).await;
+    let mut b = Agent::new(c.root(), "b", c.urls());
+    b.hostname = a.hostname.clone();
+    b.start(Some(&t2));
+    let (new_id, _) = b.wait_enrolled(None).await;
+    assert_ne!(new_id, old_id);
+    assert_eq!(c.node(&old_id).await["hostname_conflicts"], json!([new_id]));
+    assert_eq!(c.node(&new_id).await["hostname_conflicts"], json!([old_id]));
+
+    // The first preview is stale now: 409 with what changed, and nothing changed.
+    let body = json!({"preview_id": p1["preview_id"], "reason": "identity lost"});
+    let (s, v) = c
+        .admin("POST", &format!("{path}/execute"), Some(body))
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["code"], "preview_stale");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("hostname_conflicts_resolved") && msg.contains(&new_id),
+        "{msg}"
+    );
+    assert_eq!(c.node(&old_id).await["enabled"], true);
+    assert_eq!(c.credentials(&old_id).await["active"], 1);
+
+    // A fresh preview, executed, with an Idempotency-Key: one replicated step.
+    let (s, p2) = c.admin("POST", &format!("{path}/preview"), None).await;
+    assert_eq!(s, 200, "{p2}");
+    assert_eq!(
+        p2["effects"]["hostname_conflicts_resolved"],
+        json!([new_id])
+    );
+    let url = format!("{}{path}/execute", c.url(2));
+    let headers = [
+        ("authorization", format!("Bearer {ADMIN}")),
+        ("idempotency-key", "decommission-once".to_string()),
+        ("content-type", "application/json".to_string()),
+    ];
+    let hdrs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let body = json!({"preview_id": p2["preview_id"], "reason": "identity lost"}).to_string();
+    let (s, first) = raw("POST", &url, &hdrs, body.clone().into_bytes()).await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["status"], "decommissioned");
+    // The same request retried (on another member): the same answer, applied once.
+    let url3 = format!("{}{path}/execute", c.url(3));
+    let (s, again) = raw("POST", &url3, &hdrs, body.into_bytes()).await;
+    assert_eq!((s, &again), (200, &first));
+    // A new request: a clear 409.
+    let body = json!({"preview_id": p2["preview_id"], "reason": "again"});
+    let (s, v) = c
+        .admin("POST", &format!("{path}/execute"), Some(body))
+        .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("node_decommissioned"))
+    );
+    let (s, v) = c.admin("POST", &format!("{path}/preview"), None).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("node_decommissioned"))
+    );
+
+    // Never deleted: the node stays, decommissioned, with its history; credentials revoked;
+    // the conflict is cleared on both nodes and in the list.
+    let node = c.node(&old_id).await;
+    assert_eq!(
+        (node["status"].as_str(), node["enabled"].as_bool()),
+        (Some("decommissioned"), Some(false))
+    );
+    assert!(
+        node["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "decommissioned")
+    );
+    assert_eq!(node["hostname_conflicts"], json!([]));
+    assert_eq!(c.node(&new_id).await["hostname_conflicts"], json!([]));
+    let creds = c.credentials(&old_id).await;
+    assert_eq!(
+        (creds["active"].as_u64(), creds["revoked"].as_u64()),
+        (Some(0), Some(1))
+    );
+    let (_, v) = c
+        .admin(
+            "GET",
+            &format!(
+                "/api/v1/admin/hardware/nodes?hostname={}&enabled=true",
+                b.hostname
+            ),
+            None,
+        )
+        .await;
+    let ids: Vec<&str> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec![new_id.as_str()]);
+
+    // The old agent is told why and exits non-zero with one line.
+    let (code, line) = a.wait_exit().await;
+    assert_ne!(code, 0);
+    assert!(line.contains("decommissioned"), "{line}");
+    // Restarted with a fresh token, it is told again (its credential names the decommission).
+    let t3 = c.new_token(600).await;
+    a.start(Some(&t3));
+    let (code, line) = a.wait_exit().await;
+    assert_ne!(code, 0);
+    assert!(line.contains("401 node_decommissioned"), "{line}");
+    // Its identity can never enrol again: without the credential it tries, and is refused.
+    std::fs::remove_file(a.state_dir.join("credential")).unwrap();
+    a.start(Some(&t3));
+    let (code, line) = a.wait_exit().await;
+    assert_ne!(code, 0);
+    assert!(line.contains("403 identity_decommissioned"), "{line}");
+    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+
+    // Both steps are audited, the stale attempt included, and the chain verifies.
+    let (_, v) = c
+        .admin(
+            "GET",
+            &format!("/api/v1/admin/audit?node_id={old_id}"),
+            None,
+        )
+        .await;
+    let seen: Vec<(String, String)> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["action"]
+                .as_str()
+                .unwrap()
+                .starts_with("node.decommission")
+        })
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().into(),
+                e["result"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("node.decommission.preview", "ok"),
+        ("node.decommission.execute", "preview_stale"),
+        ("node.decommission.preview", "ok"),
+        ("node.decommission.execute", "ok"),
+        ("node.decommission.execute", "node_decommissioned"),
+        ("node.decommission.preview", "node_decommissioned"),
+    ]
+    .iter()
+    .map(|(a, r)| (a.to_string(), r.to_string()))
+    .collect();
+    assert_eq!(seen, want);
+    assert_eq!(v["chain_verified"], true);
+    c.wait_converged().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
+    let mut c = Cluster::start(1).await;
+    let t = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&t));
+    let (nid, _) = a.wait_enrolled(None).await;
+    // Quiet the node: the agent stops once its "online" status is recorded, so no background
+    // write (status event, first use) lands between the two digests.
+    let u = c.url(1);
+    wait_until("the node's online status to be recorded", WAIT, || {
+        let (u, nid) = (u.clone(), nid.clone());
+        async move {
+            let (_, v) = call(
+                "GET",
+                &format!("{u}/api/v1/admin/hardware/nodes/{nid}"),
+                Some(ADMIN),
+                None,
+            )
+            .await;
+            v["history"]
+                .as_array()?
+                .iter()
+                .any(|e| e["kind"] == "status" && e["detail"] == "online")
+                .then_some(())
+        }
+    })
+    .await;
+    a.stop();
+    let digest = c.wait_converged().await;
+    let base = format!("/api/v1/admin/hardware/nodes/{nid}/decommission");
+    for (path, body, status, code) in [
+        (
+            format!("{base}/execute"),
+            json!({"preview_id": "nope", "reason": "x"}),
+            404,
+            "preview_not_found",
+        ),
+        (
+            format!("{base}/execute"),
+            json!({"preview_id": "p"}),
+            400,
+            "invalid_body",
+        ),
+        (
+            format!("{base}/execute"),
+            json!({"preview_id": "p", "reason": ""}),
+            400,
+            "invalid_reason",
+        ),
+        (
+            format!("{base}/execute"),
+            json!({"preview_id": "../x", "reason": "r"}),
+            400,
+            "invalid_id",
+        ),
+        (
+            format!("{base}/preview"),
+            json!({"surprise": 1}),
+            400,
+            "invalid_body",
+        ),
+        (
+            "/api/v1/admin/hardware/nodes/nobody/decommission/preview".to_string(),
+            json!({}),
+            404,
+            "node_not_found",
+        ),
+    ] {
+        let (s, v) = c.admin("POST", &path, Some(body)).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{path}: {v}"
+        );
+        assert!(is_error_shape(&v));
+    }
+    let (s, _) = call("POST", &format!("{}{base}/preview", c.url(1)), None, None).await;
+    assert_eq!(s, 401);
+    // Let the agent's own writes (first use) settle, then compare: nothing above wrote.
+    assert_eq!(c.wait_converged().await, digest);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover() {
+    let c = Cluster::start(3).await;
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    // Failover: a dead member first, then the real ones.
+    let urls = format!("{dead},{}", c.urls().join(","));
+    let (code, token, err) =
+        admin_cli(&urls, &["enrollments", "create", "--note", "cli", "-q"]).await;
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim().to_string();
+    assert!(token.starts_with("mfet_"));
+    let (code, v) = admin_json(&urls, &["enrollments", "list"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(v["enrollments"][0]["state"], "pending");
+    assert!(!v.to_string().contains(&token));
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&token));
+    let (nid, _) = a.wait_enrolled(None).await;
+
+    let (code, out, _) = admin_cli(&urls, &["nodes", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("NODE") && out.contains(&nid), "{out}");
+    let (code, out, _) = admin_cli(
+        &urls,
+        &[
+            "nodes",
+            "list",
+            "--hostname",
+            "host-a",
+            "--enabled",
+            "true",
+            "-q",
+        ],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, nid.as_str()));
+    let (code, v) = admin_json(&urls, &["nodes", "show", &nid]).await;
+    assert_eq!((code, v["node_id"].as_str()), (0, Some(nid.as_str())));
+    let (code, v) = admin_json(&urls, &["nodes", "credentials", &nid]).await;
+    assert_eq!((code, v["active"].as_u64()), (0, Some(1)));
+    let (code, v) = admin_json(&urls, &["cluster"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(v["members"].as_array().unwrap().len(), 3);
+
+    // Refused by the server: exit 1, one line on stderr with the server's code.
+    let (code, out, err) = admin_cli(&urls, &["nodes", "show", "no-such-node"]).await;
+    assert_eq!(code, 1);
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("node_not_found"), "{err}");
+    // Usage: exit 2, before any request.
+    let (code, _, err) = admin_cli(&urls, &["nodes", "show", "../etc"]).await;
+    assert_eq!(code, 2, "{err}");
+    let (code, _, _) = admin_cli(&urls, &["nodes", "frobnicate"]).await;
+    assert_eq!(code, 2);
+    // Nothing reachable: exit 3.
+    let (code, _, err) = admin_cli(&dead, &["nodes", "list", "--timeout", "1s"]).await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no member answered"), "{err}");
+    // A wrong admin token is refused (exit 1 with unauthenticated).
+    let out = tokio::process::Command::new(server_bin())
+        .args(["admin", "nodes", "list", "--server", &c.url(1)])
+        .env("MODELFORGE_ADMIN_TOKEN", "wrong-token-wrong-token")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unauthenticated"));
+
+    // Cancel a token; revoke a credential.
+    let (_, t2, _) = admin_cli(&urls, &["enrollments", "create", "-q"]).await;
+    let (_, v) = admin_json(&urls, &["enrollments", "list"]).await;
+    let eid = v["enrollments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["state"] == "pending")
+        .unwrap()["enrollment_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(t2.contains(&eid));
+    let (code, _, err) = admin_cli(&urls, &["enrollments", "cancel", &eid]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = admin_cli(
+        &urls,
+        &[
+            "nodes",
+            "revoke-credential",
+            &nid,
+            "--reason",
+            "believed stolen",
+            "-q",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 1, "one credential revoked: {out}");
+
+    // Decommission: execute without --yes and without a terminal is a usage error.
+    let (code, pid, _) = admin_cli(&urls, &["decommission", "preview", &nid, "-q"]).await;
+    assert_eq!(code, 0);
+    let pid = pid.trim().to_string();
+    let (code, _, err) = admin_cli(
+        &urls,
+        &[
+            "decommission",
+            "execute",
+            &nid,
+            "--preview-id",
+            &pid,
+            "--reason",
+            "retired",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    let (code, v) = admin_json(
+        &urls,
+        &[
+            "decommission",
+            "execute",
+            &nid,
+            "--preview-id",
+            &pid,
+            "--reason",
+            "retired",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("decommissioned")),
+        "{v}"
+    );
+    // Retried by a script (same preview, so the same key): the first answer.
+    let (code, again) = admin_json(
+        &urls,
+        &[
+            "decommission",
+            "execute",
+            &nid,
+            "--preview-id",
+            &pid,
+            "--reason",
+            "retired",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_eq!((code, &again), (0, &v));
+
+    // Audit: list by node, export, verify live and from the file.
+    let (code, v) = admin_json(&urls, &["audit", "list", "--node-id", &nid]).await;
+    assert_eq!(code, 0);
+    // Filtered by time: an offset time is passed intact; nothing happened in the future.
+    let (code, all) = admin_json(
+        &urls,
+        &["audit", "list", "--since", "2000-01-01T01:00:00+01:00"],
+    )
+    .await;
+    assert_eq!(code, 0, "{all}");
+    assert!(all["events"].as_array().unwrap().len() > v["events"].as_array().unwrap().len());
+    let (code, none) =
+        admin_json(&urls, &["audit", "list", "--since", "2999-01-01T00:00:00Z"]).await;
+    assert_eq!(
+        (code, none["events"].as_array().map(|e| e.len())),
+        (0, Some(0))
+    );
+    let (code, _, _) = admin_cli(&urls, &["audit", "list", "--since", "yesterday"]).await;
+    assert_eq!(code, 2);
+    assert!(
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["target"] == nid.as_str())
+    );
+    let (code, out, _) = admin_cli(&urls, &["audit", "verify"]).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, head, _) = admin_cli(&urls, &["audit", "verify", "-q"]).await;
+    assert_eq!(code, 0);
+    let head = head.trim().to_string();
+    let export = c.root().join("audit.json");
+    let (code, _, err) = admin_cli(
+        &urls,
+        &["audit", "export", "--out", export.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = admin_cli(
+        &dead,
+        &[
+            "audit",
+            "verify",
+            "--file",
+            export.to_str().unwrap(),
+            "--expect-head",
+            &head,
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "a file verifies offline: {err}");
+    let text = std::fs::read_to_string(&export).unwrap();
+    assert!(!text.contains(&token), "no token in the audit export");
+
+    // Tampering with the export is detected: an edited event, a dropped event, a cut tail.
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let write = |name: &str, d: &Value| {
+        let p = c.root().join(name);
+        std::fs::write(&p, d.to_string()).unwrap();
+        p.display().to_string()
+    };
+    let mut edited = doc.clone();
+    edited["events"][1]["result"] = json!("ok-but-edited");
+    let mut dropped = doc.clone();
+    dropped["events"].as_array_mut().unwrap().remove(2);
+    let mut cut = doc.clone();
+    cut["events"].as_array_mut().unwrap().pop();
+    for (name, d, flags, want) in [
+        ("edited.json", &edited, vec![], "edited"),
+        ("dropped.json", &dropped, vec![], "dropped"),
+        (
+            "cut.json",
+            &cut,
+            vec!["--expect-head", head.as_str()],
+            "cut from the end",
+        ),
+    ] {
+        let p = write(name, d);
+        let mut args = vec!["audit", "verify", "--file", p.as_str()];
+        args.extend(flags);
+        let (code, _, err) = admin_cli(&dead, &args).await;
+        assert_eq!(code, 5, "{name}: {err}");
+        assert!(err.contains(want), "{name}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_names_each_runbook_case() {
+    let mut c = Cluster::start_with(3, &["--stale-after", "1s", "--offline-after", "2s"]).await;
+    let urls = c.urls().join(",");
+    let ta = c.new_token(600).await;
+    let tb = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    let mut b = Agent::new(c.root(), "b", c.urls());
+    a.start(Some(&ta));
+    b.start(Some(&tb));
+    let (aid, _) = a.wait_enrolled(None).await;
+    let (bid, bcred) = b.wait_enrolled(None).await;
+
+    // Healthy: exit 0 (waiting for the first heartbeats to be seen).
+    let (code, v) = admin_json(&urls, &["doctor", &aid, "--wait", "20s"]).await;
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("healthy")), "{v}");
+    assert_eq!(v["checks"]["credentials_active"], 1);
+    assert_eq!(v["checks"]["accelerators"], 2);
+
+    // Credential for another node (403): a's agent stops; b's credential is sent for a.
+    a.stop();
+    let url = format!("{}/api/v1/agent/nodes/{aid}/heartbeat", c.url(1));
+    assert_eq!(
+        call("POST", &url, Some(&bcred), Some(json!({}))).await.0,
+        403
+    );
+    let (code, v) = admin_json(&urls, &["doctor", &aid]).await;
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (11, Some("credential_for_other_node")),
+        "{v}"
+    );
+    assert_eq!(v["checks"]["last_refusal"]["status"], 403);
+
+    // Agent silent: a restarts and heartbeats (healthy again), then stops and goes quiet.
+    a.start(None);
+    let (code, _) = admin_json(&urls, &["doctor", &aid, "--wait", "20s"]).await;
+    assert_eq!(code, 0);
+    a.stop();
+    let v = wait_until("the doctor to call a silent agent", WAIT, || {
+        let urls = urls.clone();
+        let aid = aid.clone();
+        async move {
+            let (code, v) = admin_json(&urls, &["doctor", &aid]).await;
+            (code == 12).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(v["verdict"], "agent_silent");
+    assert!(v["commands"].to_string().contains("modelforge-agent"));
+
+    // Credential revoked (401): b's credential is revoked while its agent runs.
+    let (code, _, _) = admin_cli(&urls, &["nodes", "revoke-credential", &bid]).await;
+    assert_eq!(code, 0);
+    let (code, line) = b.wait_exit().await;
+    assert_ne!(code, 0);
+    assert!(line.contains("401"), "{line}");
+    let (code, out, _) = admin_cli(&urls, &["doctor", &bid]).await;
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("verdict: credential_revoked"), "{out}");
+    assert!(out.contains("requests answered:    401"), "{out}");
+    assert!(
+        out.contains(&format!("modelforge admin doctor {bid} --wait 60s")),
+        "commands carry the real node id: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decommission_execute_asks_on_a_terminal() {
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        eprintln!("skipped: util-linux `script` (a pseudo-terminal) is not installed");
+        return;
+    }
+    let mut c = Cluster::start(1).await;
+    let t = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "a", c.urls());
+    a.start(Some(&t));
+    let (nid, _) = a.wait_enrolled(None).await;
+    let url = c.url(1);
+    let (_, pid, _) = admin_cli(&url, &["decommission", "preview", &nid, "-q"]).await;
+    let pid = pid.trim().to_string();
+    let on_terminal = |answer: &'static str| {
+        let cmd = format!(
+            "{} admin decommission execute {nid} --preview-id {pid} --reason retired --server {url}",
+            server_bin().display()
+        );
+        async move {
+            let mut child = tokio::process::Command::new("/usr/bin/script")
+                .args(["-qec", &cmd, "/dev/null"])
+                .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(answer.as_bytes()).await.unwrap();
+            drop(stdin);
+            let out = child.wait_with_output().await.unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        }
+    };
+    let (code, out) = on_terminal("no\n").await;
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("Type 'yes'"), "{out}");
+    assert_eq!(
+        c.node(&nid).await["enabled"],
+        true,
+        "declined: nothing changed"
+    );
+    let (code, out) = on_terminal("yes\n").await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(c.node(&nid).await["status"], "decommissioned");
+}

@@ -151,11 +151,12 @@ PY
 
 # api METHOD PATH [BODY]: an admin call; sets $STATUS, body in $RESP. Tries the members in
 # order while one is unreachable or has no leader (503); writes carry an Idempotency-Key, so a
-# retry on another member applies once.
-API_SEQ=0
+# retry on another member applies once. The key is fresh for every call (the product keys its
+# deduplication on the key alone, so a key reused for another request gets that request's
+# answer): a counter would not do, since many calls run in $(...) subshells.
 api() {
   local method=$1 path=$2 body=${3:-} port key
-  API_SEQ=$((API_SEQ + 1)); key="rehearsal-$PROJECT-$API_SEQ"
+  key="rehearsal-$(cat /proc/sys/kernel/random/uuid)"
   for attempt in 1 2 3; do
     for port in "${PORTS[@]}"; do
       STATUS=$(curl -sS -m 30 -o "$RESP" -w '%{http_code}' -X "$method" \
@@ -244,7 +245,7 @@ node_field() { node_json "$1"; j "$2"; }
 node_online() { [ "$(node_field "$1" 'd["status"]')" = online ]; }
 node_inventory_and_telemetry() {
   node_json "$1"
-  [ "$(j 'len(d["accelerators"]) == 2 and d.get("telemetry") is not None')" = true ]
+  [ "$(j 'len(d["accelerators"]) == 2 and len((d.get("telemetry") or {}).get("accelerators", [])) == 2')" = true ]
 }
 creds_json() { api_expect 200 GET "/api/v1/admin/hardware/nodes/$1/credentials"; }
 # cred_revoked NODE_ID CREDENTIAL: the node lists this credential with a revoked_at.
@@ -281,7 +282,7 @@ step() {
   local start=$EPOCHREALTIME
   "$@"
   local took; took=$(elapsed "$start")
-  DURATIONS+=("$(printf '%-44s %6s s' "$name" "$took")")
+  DURATIONS+=("$(printf '%-52s %6s s' "$name" "$took")")
   say "--- $name: ${took} s"
 }
 
@@ -480,9 +481,13 @@ f_after_restore() {
   wait_for "scheduler: B offered" "$WAIT" sched_is "$NODE_B" 'd["offered"]'
 }
 
+# py_epoch EXPR: a Python expression turning the RFC 3339 time EXPR (or None) into epoch seconds.
+py_epoch() {
+  printf "(__import__('datetime').datetime.fromisoformat((%s or '1970-01-01T00:00:00Z').replace('Z', '+00:00')).timestamp())" "$1"
+}
 heartbeat_since_restore() {
   node_json "$1"
-  [ "$(j "d['status'] == 'online' and d['last_heartbeat_at'] is not None and __import__('datetime').datetime.fromisoformat(d['last_heartbeat_at'].replace('Z', '+00:00')).timestamp() > $RESTORE_AT")" = true ]
+  [ "$(j "d['status'] == 'online' and $(py_epoch "d['last_heartbeat_at']") > $RESTORE_AT")" = true ]
 }
 smoke_finished() {
   api_expect 200 GET "/api/v1/admin/hardware/nodes/$1/smoke/$2"
@@ -510,6 +515,11 @@ confirm_checklist() {
     confirm "exactly one enabled node for that hardware" "NOT RUN (no decommission endpoint): enabled nodes claiming $HOSTNAME_UNDER_TEST: [$claim]" \
       [ "$claim" = "$NODE_B" ]
   fi
+  # Inventory and telemetry first: the heartbeat probes below send `{}` as telemetry.
+  node_json "$NODE_B"
+  confirm "inventory and telemetry re-collected" \
+    "$(j 'len(d["accelerators"])') accelerators, verified since the restore: $(j 'd.get("accelerators_verified")') (at $(j 'd.get("accelerators_verified_at")')); telemetry of $(j 'len((d.get("telemetry") or {}).get("accelerators", []))') GPUs at $(j 'd.get("telemetry_at")')" \
+    bash -c "[ \"\$1\" = true ]" _ "$(j "len(d['accelerators']) == 2 and d.get('accelerators_verified') is True and len((d.get('telemetry') or {}).get('accelerators', [])) == 2 and d.get('telemetry_at') is not None and $(py_epoch "d['telemetry_at']") > $RESTORE_AT")"
   creds_json "$NODE_B"
   local b_active; b_active=$(j 'd["active"]')
   local a_active; a_active=$(active_credentials "$NODE_A")
@@ -519,13 +529,9 @@ confirm_checklist() {
   confirm "one active credential, the old ones revoked" \
     "node B active $b_active; old node A active $a_active; C1/C2/C3 answer $c1/$c2/$c3" \
     bash -c "[ $b_active = 1 ] && [ $a_active = 0 ] && [ $c1$c2$c3 = 401401401 ]"
-  confirm "heartbeats returning 200" "C4 heartbeat $c4; node B $(node_field "$NODE_B" 'd["status"]'), last heartbeat $(j 'd["last_heartbeat_at"]')" \
-    bash -c "[ $c4 = 200 ] && [ $(j 'd["status"]') = online ]"
   node_json "$NODE_B"
-  confirm "inventory and telemetry re-collected" \
-    "$(j 'len(d["accelerators"])') accelerators, verified since the restore: $(j 'd.get("accelerators_verified")') (at $(j 'd.get("accelerators_verified_at")')); telemetry at $(j '(d.get("telemetry") or {}).get("at")')" \
-    bash -c "[ \"\$1\" = true ]" _ "$(j 'len(d["accelerators"]) == 2 and d.get("accelerators_verified") is True and d.get("telemetry") is not None')"
-  local sched; sched=$(sched_node "$NODE_B" 'd')
+  confirm "heartbeats returning 200" "C4 heartbeat $c4; node B $(j 'd["status"]'), last heartbeat $(j 'd["last_heartbeat_at"]') (after the restore)" \
+    bash -c "[ $c4 = 200 ] && [ \"\$1\" = true ]" _ "$(j "d['status'] == 'online' and $(py_epoch "d['last_heartbeat_at']") > $RESTORE_AT")"
   confirm "scheduler reconciled against fresh NVML (simulated) state" \
     "verified $(sched_node "$NODE_B" 'd["verified"]'), allocations $(sched_node "$NODE_B" '[(a["allocation_id"], a["state"]) for a in d["allocations"]]'); $ALLOC: $RELEASE_EVENT" \
     sched_is "$NODE_B" "d['verified'] and all(a['state'] == 'confirmed' for a in d['allocations']) and not any(a['allocation_id'] == '$ALLOC' for a in d['allocations'])"
@@ -540,7 +546,7 @@ step "start: image and 3-member cluster" build_and_start
 step "a. fresh enrolment" a_fresh_enrolment
 step "b. credential lost" b_credential_lost
 step "c. credential believed stolen" c_credential_stolen
-step "d. identity file lost (+ backup, decommission)" d_identity_lost
+step "d. identity file lost (+ allocation, backup, decommission)" d_identity_lost
 step "e. control-plane restore" e_restore
 step "f. after the restore: reconnect, reconcile, smoke" f_after_restore
 confirm_checklist

@@ -29,10 +29,13 @@
 # every line holds, 1 when one fails, 2 when a step could not run (e.g. the decommission
 # endpoint is missing from these binaries).
 set -euo pipefail
+# BIN_DIR is taken relative to the caller's directory; the default, relative to the repository.
+if [ -n "${1:-}" ]; then
+  BIN_DIR=$(cd "$1" && pwd) || { echo "rehearsal: no such directory: $1" >&2; exit 2; }
+fi
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-
-BIN_DIR=${1:-target/debug}
+BIN_DIR=${BIN_DIR:-$ROOT/target/debug}
 COMPOSE_FILE=$ROOT/docker-compose.node-recovery.yml
 HOSTNAME_UNDER_TEST=rehearsal-node
 POLL=0.5          # seconds between polls of a condition
@@ -403,11 +406,19 @@ decommission_old_node() {
     ok "revoked $(j 'd["revoked"]') (C3) after the backup"
     return 0
   fi
-  [ "$STATUS" = 200 ] || die "decommission preview answered $STATUS: $(head -c 400 "$RESP")"
-  local preview; preview=$(j 'd["preview_id"]')
-  say "    preview $preview, effects: $(j 'd["effects"]')"
-  api_expect 200 POST "/api/v1/admin/hardware/nodes/$NODE_A/decommission/execute" \
-    "{\"preview_id\": \"$preview\", \"reason\": \"rehearsal: identity file lost, superseded by $NODE_B\"}"
+  local attempt preview
+  for attempt in 1 2 3; do
+    [ "$STATUS" = 200 ] || die "decommission preview answered $STATUS: $(head -c 400 "$RESP")"
+    preview=$(j 'd["preview_id"]')
+    say "    preview $preview, effects: $(j 'd["effects"]')"
+    api POST "/api/v1/admin/hardware/nodes/$NODE_A/decommission/execute" \
+      "{\"preview_id\": \"$preview\", \"reason\": \"rehearsal: identity file lost, superseded by $NODE_B\"}"
+    # 409: something the preview showed changed meanwhile; the runbook's answer is a new preview.
+    [ "$STATUS" = 409 ] || break
+    say "    execute answered 409 ($(head -c 300 "$RESP")): previewing again"
+    api POST "/api/v1/admin/hardware/nodes/$NODE_A/decommission/preview" '{}'
+  done
+  [ "$STATUS" = 200 ] || die "decommission execute answered $STATUS: $(head -c 400 "$RESP")"
   say "    executed: $(head -c 600 "$RESP")"
   check "execute revoked C3" [ "$(j "'$(cred_id "$C3")' in ' '.join(d.get('revoked', []))")" = true ]
   check "node A status decommissioned" [ "$(node_field "$NODE_A" 'd["status"]')" = decommissioned ]

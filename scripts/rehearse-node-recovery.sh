@@ -51,7 +51,6 @@ NOT_RUN=()
 DURATIONS=()
 
 say() { printf '%s\n' "$*"; }
-now_s() { printf '%s' "$EPOCHREALTIME"; }
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 ok() { say "    ok: $*"; }
 die() { say "    FAIL: $*" >&2; FAILED=1; exit 1; }
@@ -113,7 +112,8 @@ teardown() {
 trap teardown EXIT
 trap 'exit 130' INT TERM
 
-# Free loopback ports for the members' API, and a /24 no docker network uses.
+# Free loopback ports for the members' API, and a /24 that no docker network and no host
+# interface uses.
 read -r MF_PORT_1 MF_PORT_2 MF_PORT_3 < <(python3 - <<'PY'
 import socket
 socks = [socket.socket() for _ in range(3)]
@@ -125,10 +125,11 @@ PY
 export MF_PORT_1 MF_PORT_2 MF_PORT_3
 PORTS=("$MF_PORT_1" "$MF_PORT_2" "$MF_PORT_3")
 MF_NET=$(
-  used=$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}} {{end}}' $(docker network ls -q) 2>/dev/null || true)
+  used="$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}} {{end}}' $(docker network ls -q) 2>/dev/null || true)
+    $( (ip -o -4 addr show 2>/dev/null || true) | awk '{print $4}')"
   python3 - "$used" <<'PY'
 import ipaddress, random, sys
-used = [ipaddress.ip_network(s) for s in sys.argv[1].split()]
+used = [ipaddress.ip_network(s, strict=False) for s in sys.argv[1].split()]
 for _ in range(1000):
     net = ipaddress.ip_network(f"172.{random.randint(20, 31)}.{random.randint(0, 255)}.0/24")
     if not any(net.overlaps(u) for u in used):
@@ -291,8 +292,10 @@ step() {
 
 build_and_start() {
   say "binaries: $BIN_DIR; project $PROJECT; subnet $MF_NET.0/24; API on 127.0.0.1:${PORTS[*]}"
-  bash docker/build-images.sh "$BIN_DIR" 2>&1 | grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e 'docs.docker.com' -e '^ *$'
-  [ "${PIPESTATUS[0]}" = 0 ] || die "image build failed"
+  if ! bash docker/build-images.sh "$BIN_DIR" 2>&1 \
+      | grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e 'docs.docker.com' -e '^ *$'; then
+    die "image build failed"
+  fi
   compose up -d m1 m2 m3 >/dev/null 2>&1 || { compose up -d m1 m2 m3; die "compose up failed"; }
   wait_for "three members ready (/readyz) with one leader" "$WAIT" cluster_ready
   say "    cluster: leader $(j 'd["leader_id"]'), term $(j 'd["term"]'), cluster_id $(j 'd.get("cluster_id")')"
@@ -557,7 +560,7 @@ step "start: image and 3-member cluster" build_and_start
 step "a. fresh enrolment" a_fresh_enrolment
 step "b. credential lost" b_credential_lost
 step "c. credential believed stolen" c_credential_stolen
-step "d. identity file lost (+ allocation, backup, decommission)" d_identity_lost
+step "d. identity file lost (+ backup, decommission)" d_identity_lost
 step "e. control-plane restore" e_restore
 step "f. after the restore: reconnect, reconcile, smoke" f_after_restore
 confirm_checklist

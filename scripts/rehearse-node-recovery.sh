@@ -80,8 +80,9 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/mf-rehearsal.XXXXXX")
 RESP=$WORK/response.json
 export MF_IMAGE=modelforge-rehearsal:$PROJECT
 export MF_DATA=$WORK/data
-export MF_USER="$(id -u):$(id -g)"
-export MF_ADMIN_TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+MF_USER="$(id -u):$(id -g)"
+MF_ADMIN_TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export MF_USER MF_ADMIN_TOKEN
 export MF_ENROLLMENT_TOKEN=
 ADMIN=$MF_ADMIN_TOKEN
 mkdir -p "$MF_DATA"/{m1,m2,m3,agent}
@@ -125,7 +126,8 @@ PY
 export MF_PORT_1 MF_PORT_2 MF_PORT_3
 PORTS=("$MF_PORT_1" "$MF_PORT_2" "$MF_PORT_3")
 MF_NET=$(
-  used="$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}} {{end}}' $(docker network ls -q) 2>/dev/null || true)
+  mapfile -t networks < <(docker network ls -q)
+  used="$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}} {{end}}' "${networks[@]}" 2>/dev/null || true)
     $( (ip -o -4 addr show 2>/dev/null || true) | awk '{print $4}')"
   python3 - "$used" <<'PY'
 import ipaddress, random, sys
@@ -161,7 +163,7 @@ PY
 api() {
   local method=$1 path=$2 body=${3:-} port key
   key="rehearsal-$(cat /proc/sys/kernel/random/uuid)"
-  for attempt in 1 2 3; do
+  for _ in 1 2 3; do
     for port in "${PORTS[@]}"; do
       STATUS=$(curl -sS -m 30 -o "$RESP" -w '%{http_code}' -X "$method" \
         -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' \
@@ -409,8 +411,8 @@ decommission_old_node() {
     ok "revoked $(j 'd["revoked"]') (C3) after the backup"
     return 0
   fi
-  local attempt preview
-  for attempt in 1 2 3; do
+  local preview _
+  for _ in 1 2 3; do
     [ "$STATUS" = 200 ] || die "decommission preview answered $STATUS: $(head -c 400 "$RESP")"
     preview=$(j 'd["preview_id"]')
     say "    preview $preview, effects: $(j 'd["effects"]')"

@@ -127,4 +127,76 @@ impl Client {
             }
         }
     }
+
+    /// Download a binary body (a backup) from the first member that answers, reporting
+    /// progress on stderr from its length; no failover in the middle of a body.
+    pub async fn download(&mut self, path: &str) -> Result<Vec<u8>, CallError> {
+        let deadline = tokio::time::Instant::now() + self.failover_deadline;
+        loop {
+            let url = format!("{}{path}", self.urls[self.current]);
+            let resp = self
+                .http
+                .get(&url)
+                .bearer_auth(&self.token)
+                .timeout(Duration::from_secs(3600))
+                .send()
+                .await;
+            let why = match resp {
+                Err(e) => format!("{}: {}", self.urls[self.current], e.without_url()),
+                Ok(mut resp) if resp.status().is_success() => {
+                    let total = resp.content_length();
+                    let mut out = Vec::with_capacity(total.unwrap_or(0) as usize);
+                    let mut shown = 0u64;
+                    loop {
+                        match resp.chunk().await {
+                            Ok(Some(chunk)) => out.extend_from_slice(&chunk),
+                            Ok(None) => break,
+                            Err(e) => {
+                                return Err(CallError::Unreachable(format!(
+                                    "{url}: the body broke off after {} bytes: {}",
+                                    out.len(),
+                                    e.without_url()
+                                )));
+                            }
+                        }
+                        let got = out.len() as u64;
+                        if got - shown >= 8 << 20 {
+                            shown = got;
+                            match total {
+                                Some(t) => eprintln!(
+                                    "  {:.1} of {:.1} MiB ({:.0}%)",
+                                    got as f64 / 1048576.0,
+                                    t as f64 / 1048576.0,
+                                    got as f64 * 100.0 / t.max(1) as f64
+                                ),
+                                None => eprintln!("  {:.1} MiB", got as f64 / 1048576.0),
+                            }
+                        }
+                    }
+                    return Ok(out);
+                }
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let v: Value = resp.json().await.unwrap_or(Value::Null);
+                    let (code, message) = match serde_json::from_value::<ErrorBody>(v) {
+                        Ok(e) => (e.error.code, e.error.message),
+                        Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
+                    };
+                    if !matches!(status, 429 | 502 | 503 | 504) {
+                        return Err(CallError::Refused {
+                            status,
+                            code,
+                            message,
+                        });
+                    }
+                    format!("{url}: {status} {code}: {message}")
+                }
+            };
+            self.current = (self.current + 1) % self.urls.len();
+            if tokio::time::Instant::now() >= deadline {
+                return Err(CallError::Unreachable(why));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 }

@@ -80,6 +80,21 @@ pub enum AdminCmd {
     /// The audit trail: list, export, verify.
     #[command(subcommand)]
     Audit(AuditCmd),
+    /// Take a consistent backup online from any member (checked, then written atomically).
+    Backup {
+        /// Where to write it.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// The scheduler's view: per node, verified, offered, free GPUs, allocations.
+    Scheduler,
+    /// Run the capability smoke on a node and wait for its verdict (exit 1 if it fails).
+    Smoke {
+        node_id: String,
+        /// How long to wait for the agent's report.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
     /// Diagnose one node and name the runbook case and commands (exit 0 only when healthy).
     Doctor {
         node_id: String,
@@ -272,7 +287,8 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
             | NodeCmd::RevokeCredential { node_id, .. },
         )
         | AdminCmd::Decommission(DecommissionCmd::Preview { node_id })
-        | AdminCmd::Doctor { node_id, .. } => check_id("node_id", node_id)?,
+        | AdminCmd::Doctor { node_id, .. }
+        | AdminCmd::Smoke { node_id, .. } => check_id("node_id", node_id)?,
         AdminCmd::Decommission(DecommissionCmd::Execute {
             node_id,
             preview_id,
@@ -334,7 +350,155 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Decommission(cmd) => decommission(&args, &mut c, cmd).await,
         AdminCmd::Audit(cmd) => audit_cmd(&args, &mut c, cmd).await,
         AdminCmd::Doctor { node_id, wait } => doctor_cmd(&args, &mut c, node_id, *wait).await,
+        AdminCmd::Backup { out } => backup_cmd(&args, &mut c, out).await,
+        AdminCmd::Scheduler => {
+            let v = c.get("/api/v1/admin/scheduler").await?;
+            emit(&args, &v, || {
+                let rows = arr(&v["nodes"])
+                    .iter()
+                    .map(|n| {
+                        let allocs = arr(&n["allocations"])
+                            .iter()
+                            .map(|a| format!("{}:{}", s(&a["allocation_id"]), s(&a["state"])))
+                            .collect::<Vec<_>>()
+                            .join(" ");
+                        vec![
+                            s(&n["node_id"]),
+                            s(&n["hostname"]),
+                            s(&n["verified"]),
+                            s(&n["online"]),
+                            s(&n["smoke_required"]),
+                            s(&n["offered"]),
+                            format!("{}/{}", s(&n["free_accelerators"]), s(&n["accelerators"])),
+                            if allocs.is_empty() {
+                                "-".into()
+                            } else {
+                                allocs
+                            },
+                        ]
+                    })
+                    .collect();
+                format!(
+                    "view rebuilt at {}; smoke required for recovered nodes: {}\n{}",
+                    s(&v["view_rebuilt_at"]),
+                    s(&v["require_smoke"]),
+                    table(
+                        &[
+                            "NODE",
+                            "HOSTNAME",
+                            "VERIFIED",
+                            "ONLINE",
+                            "NEEDS SMOKE",
+                            "OFFERED",
+                            "FREE",
+                            "ALLOCATIONS"
+                        ],
+                        rows
+                    )
+                )
+            });
+            Ok(EXIT_OK)
+        }
+        AdminCmd::Smoke { node_id, wait } => smoke_cmd(&args, &mut c, node_id, *wait).await,
     }
+}
+
+/// `modelforge admin backup --out F`: download, check the checksum, write atomically.
+async fn backup_cmd(args: &AdminArgs, c: &mut Client, out: &std::path::Path) -> Result<i32, Fail> {
+    eprintln!("taking a backup from {} ...", c.urls().join(","));
+    let bytes = c.download("/api/v1/admin/backup").await?;
+    let (h, _) = crate::backup::decode(&bytes).map_err(|e| {
+        Fail(
+            EXIT_REFUSED,
+            format!("the backup received does not check: {e}"),
+        )
+    })?;
+    let tmp = out.with_extension("partial");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, out)
+    };
+    write().map_err(|e| Fail(EXIT_REFUSED, format!("write {}: {e}", out.display())))?;
+    let v = json!({"file": out.display().to_string(), "bytes": bytes.len(), "header": h});
+    emit_or_quiet(args, &v, vec![out.display().to_string()], || {
+        format!(
+            "backup written to {} ({} bytes, checksum verified)\ncluster {:?}, index {}, taken {} by member {}: {} nodes, {} active credentials, {} tokens\n",
+            out.display(),
+            bytes.len(),
+            h.cluster,
+            h.applied_index,
+            h.created_at,
+            h.taken_by_member,
+            h.nodes,
+            h.active_credentials,
+            h.tokens
+        )
+    });
+    Ok(EXIT_OK)
+}
+
+/// `modelforge admin smoke <node>`: start the smoke, wait for the agent's report.
+async fn smoke_cmd(
+    args: &AdminArgs,
+    c: &mut Client,
+    node_id: &str,
+    wait: Duration,
+) -> Result<i32, Fail> {
+    let started = c
+        .write(
+            Method::POST,
+            &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
+            json!({}),
+            None,
+        )
+        .await?;
+    let smoke_id = s(&started["smoke_id"]);
+    let deadline = tokio::time::Instant::now() + wait;
+    let v = loop {
+        let v = c
+            .get(&format!(
+                "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}"
+            ))
+            .await?;
+        if v["state"] == "passed" || v["state"] == "failed" {
+            break v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Fail(
+                EXIT_UNREACHABLE,
+                format!(
+                    "smoke {smoke_id} is still {} after {wait:?}: is the agent heartbeating?",
+                    s(&v["state"])
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let passed = v["state"] == "passed";
+    emit_or_quiet(args, &v, vec![s(&v["state"])], || {
+        let rows = arr(&v["checks"])
+            .iter()
+            .map(|c| {
+                vec![
+                    s(&c["name"]),
+                    if c["ok"] == true {
+                        "ok".into()
+                    } else {
+                        "FAILED".into()
+                    },
+                    s(&c["detail"]),
+                ]
+            })
+            .collect();
+        format!(
+            "smoke {smoke_id} on {node_id}: {}\n{}",
+            s(&v["state"]),
+            table(&["CHECK", "RESULT", "DETAIL"], rows)
+        )
+    });
+    Ok(if passed { EXIT_OK } else { EXIT_REFUSED })
 }
 
 /// A JSON value as table text: strings bare, null as "-".

@@ -202,12 +202,14 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
         args.push("--peer".into());
         args.push(format!("{id}={}", c.url(id)));
     }
-    let mut old = std::process::Command::new(server_bin())
-        .args(&args)
-        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-        .stderr(std::fs::File::create(c.root().join("old-m2.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut old = KillOnDrop(
+        std::process::Command::new(server_bin())
+            .args(&args)
+            .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+            .stderr(std::fs::File::create(c.root().join("old-m2.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     // Wait until the old member has campaigned (its term moved past the restored cluster's).
     wait_until("the old member campaigns", WAIT, || async {
         let (s, v) = call(
@@ -227,10 +229,20 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
         term,
         "the old member forced an election"
     );
-    let _ = old.kill();
-    let _ = old.wait();
+    let _ = old.0.kill();
+    let _ = old.0.wait();
     assert_eq!(c.heartbeat_all(&a_id, &a_cred).await, vec![200, 200, 200]);
     c.wait_converged().await;
+}
+
+/// A child process killed when the test ends, also when it panics.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The public id inside a credential (`mfnc_<id>_<secret>_<crc>`).

@@ -216,10 +216,12 @@ pub async fn enrol(
                         });
                     }
                     if status < 500 && status != 429 {
+                        eprintln!("enrolment {i} refused: {status} {}", v["error"]["code"]);
                         return None;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                eprintln!("enrolment {i} not answered after 12 attempts");
                 None
             }
         })

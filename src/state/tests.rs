@@ -656,3 +656,38 @@ fn reconcile_confirms_busy_releases_vanished_and_idle_and_marks_unscheduled_use(
     );
     assert!(s.sched.smoke_required.contains("n1"));
 }
+
+#[test]
+fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed_there_again() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
+    s.journal.0.clear();
+    preview(&mut s, "p1", 3_000, "pv1", "n1").unwrap();
+    execute(&mut s, "x1", 3_001, "pv1", "n1").unwrap();
+    assert!(s.sched.allocations.is_empty());
+    assert!(
+        s.journal
+            .0
+            .iter()
+            .any(|f| matches!(f, Fact::NodeDecommissioned { node_id, .. } if node_id == "n1"))
+    );
+    let e = allocate(&mut s, "a2", "n1", &["G2"], None).unwrap_err();
+    assert_eq!(e.code, "no_capacity");
+    // A restore that re-applies the fact to an older state decommissions the node there too.
+    let mut older = State::default();
+    create(&mut older, "t1", 1_000);
+    enroll(&mut older, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    let facts = std::mem::take(&mut s.journal.0);
+    for f in &facts {
+        older.reapply(f);
+    }
+    assert!(older.nodes["n1"].decommissioned_at_ms.is_some());
+    assert!(older.active_credentials("n1").is_empty());
+    assert!(
+        older.reapply(&facts[facts.len() - 1]).is_none(),
+        "re-applying twice changed something"
+    );
+}

@@ -103,18 +103,7 @@ impl Client {
                     if (200..300).contains(&status) {
                         return Ok(v);
                     }
-                    let (code, message) = match serde_json::from_value::<ErrorBody>(v) {
-                        Ok(e) => (e.error.code, e.error.message),
-                        Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
-                    };
-                    if !matches!(status, 429 | 502 | 503 | 504) {
-                        return Err(CallError::Refused {
-                            status,
-                            code,
-                            message,
-                        });
-                    }
-                    format!("{}: {status} {code}: {message}", self.urls[self.current])
+                    refusal_or_retry(status, v, &self.urls[self.current])?
                 }
             };
             tried += 1;
@@ -178,18 +167,7 @@ impl Client {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     let v: Value = resp.json().await.unwrap_or(Value::Null);
-                    let (code, message) = match serde_json::from_value::<ErrorBody>(v) {
-                        Ok(e) => (e.error.code, e.error.message),
-                        Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
-                    };
-                    if !matches!(status, 429 | 502 | 503 | 504) {
-                        return Err(CallError::Refused {
-                            status,
-                            code,
-                            message,
-                        });
-                    }
-                    format!("{url}: {status} {code}: {message}")
+                    refusal_or_retry(status, v, &url)?
                 }
             };
             self.current = (self.current + 1) % self.urls.len();
@@ -199,4 +177,21 @@ impl Client {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+}
+
+/// An error answer: a refusal to report (Err), or why to try another member (Ok) when the
+/// member was busy or had no leader (429, 502, 503, 504).
+fn refusal_or_retry(status: u16, body: Value, url: &str) -> Result<String, CallError> {
+    let (code, message) = match serde_json::from_value::<ErrorBody>(body) {
+        Ok(e) => (e.error.code, e.error.message),
+        Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
+    };
+    if !matches!(status, 429 | 502 | 503 | 504) {
+        return Err(CallError::Refused {
+            status,
+            code,
+            message,
+        });
+    }
+    Ok(format!("{url}: {status} {code}: {message}"))
 }

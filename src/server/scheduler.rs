@@ -337,20 +337,8 @@ pub fn reconcile_after_report(
             .allocations
             .values()
             .any(|a| a.node_id == node_id && !a.confirmed);
-        let allocated: BTreeSet<String> = s
-            .sched
-            .allocated(node_id)
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        let external: BTreeSet<String> = busy.difference(&allocated).cloned().collect();
-        let recorded = s
-            .sched
-            .external_busy
-            .get(node_id)
-            .cloned()
-            .unwrap_or_default();
-        unconfirmed || external != recorded
+        unconfirmed
+            || s.sched.busy_outside(node_id, &busy) != s.sched.recorded_busy_outside(node_id)
     };
     if !needed {
         return;

@@ -75,6 +75,20 @@ impl Scheduling {
             .collect()
     }
 
+    /// Of the GPUs a node reports `busy`, those no allocation of the node holds.
+    pub fn busy_outside(&self, node_id: &str, busy: &BTreeSet<String>) -> BTreeSet<String> {
+        let allocated = self.allocated(node_id);
+        busy.iter()
+            .filter(|u| !allocated.contains(u.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// What the replicated state records as busy outside the scheduler on a node.
+    pub fn recorded_busy_outside(&self, node_id: &str) -> BTreeSet<String> {
+        self.external_busy.get(node_id).cloned().unwrap_or_default()
+    }
+
     /// GPUs held by any allocation on any node (a uuid names one physical device).
     pub fn allocated_anywhere(&self) -> BTreeSet<&str> {
         self.allocations
@@ -254,20 +268,8 @@ impl State {
                 }
             }
         }
-        let allocated: BTreeSet<String> = self
-            .sched
-            .allocated(node_id)
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        let external: BTreeSet<String> = busy.difference(&allocated).cloned().collect();
-        let before = self
-            .sched
-            .external_busy
-            .get(node_id)
-            .cloned()
-            .unwrap_or_default();
-        if external != before {
+        let external = self.sched.busy_outside(node_id, busy);
+        if external != self.sched.recorded_busy_outside(node_id) {
             if let Some(n) = self.nodes.get_mut(node_id) {
                 let list: Vec<&str> = external.iter().map(String::as_str).collect();
                 push_history(

@@ -348,6 +348,8 @@ pub struct DecommissionEffects {
     /// spent by the node's own first heartbeat (a new claim comes with a new credential,
     /// which the fingerprint does bind), and execute spends whatever remains.
     pub claims_to_spend: Vec<String>,
+    /// The scheduler's allocations placed on the node, released by execute.
+    pub allocations_to_release: Vec<String>,
     /// Accelerator uuids that leave service with the node.
     pub accelerators: Vec<String>,
 }
@@ -388,6 +390,11 @@ impl DecommissionEffects {
             "hostname_conflicts_resolved",
             list(&self.hostname_conflicts_resolved),
             list(&now.hostname_conflicts_resolved),
+        );
+        cmp(
+            "allocations_to_release",
+            list(&self.allocations_to_release),
+            list(&now.allocations_to_release),
         );
         cmp(
             "accelerators",
@@ -1018,6 +1025,13 @@ impl State {
                 })
                 .map(|t| t.token_id.clone())
                 .collect(),
+            allocations_to_release: self
+                .sched
+                .allocations
+                .values()
+                .filter(|a| a.node_id == node_id)
+                .map(|a| a.allocation_id.clone())
+                .collect(),
             accelerators: node
                 .inventory
                 .accelerators
@@ -1165,16 +1179,10 @@ impl State {
             public_key,
             at_ms: now,
         });
-        // Nothing stays placed on hardware leaving service.
-        let placed: Vec<String> = self
-            .sched
-            .allocations
-            .values()
-            .filter(|a| a.node_id == node_id)
-            .map(|a| a.allocation_id.clone())
-            .collect();
-        for id in placed {
-            let _ = self.release(now, &id, "node decommissioned");
+        // Nothing stays placed on hardware leaving service (the fingerprint matched, so these
+        // are all the node's allocations).
+        for id in &effects.allocations_to_release {
+            let _ = self.release(now, id, "node decommissioned");
         }
         self.sched.smoke_required.remove(node_id);
         if let Some(p) = self.previews.get_mut(preview_id) {

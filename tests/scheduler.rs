@@ -184,6 +184,71 @@ async fn placement_is_on_measured_gpus_once_each_and_a_recovered_node_waits_for_
     ] {
         assert!(history.contains(kind), "{kind} missing from {history}");
     }
+
+    // Decommission: the preview lists the work placed on the node, binds it (releasing one
+    // allocation makes the preview stale), and execute releases the rest; nothing is placed on
+    // the node again.
+    let decommission =
+        |path: &str| format!("/api/v1/admin/hardware/nodes/{nid}/decommission/{path}");
+    let (s, p) = c.admin("POST", &decommission("preview"), None).await;
+    assert_eq!(s, 200, "{p}");
+    let placed = p["effects"]["allocations_to_release"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(placed.len(), 4, "{p}");
+    assert!(placed.contains(&v["allocation_id"]), "{p}");
+    let (s, r) = c
+        .admin(
+            "DELETE",
+            &format!(
+                "/api/v1/allocations/{}",
+                v["allocation_id"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let body = json!({"preview_id": p["preview_id"], "reason": "tests"});
+    let (s, e) = c.admin("POST", &decommission("execute"), Some(body)).await;
+    assert_eq!(
+        (s, e["error"]["code"].clone()),
+        (409, json!("preview_stale")),
+        "{e}"
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("allocations_to_release"),
+        "{e}"
+    );
+    let (s, p) = c.admin("POST", &decommission("preview"), None).await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(
+        p["effects"]["allocations_to_release"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "{p}"
+    );
+    let body = json!({"preview_id": p["preview_id"], "reason": "tests"});
+    let (s, d) = c.admin("POST", &decommission("execute"), Some(body)).await;
+    assert_eq!(s, 200, "{d}");
+    assert_eq!(
+        d["allocations_released"], p["effects"]["allocations_to_release"],
+        "{d}"
+    );
+    let n = scheduler_node(&mut c, &nid).await;
+    assert!(n.is_null() || n["offered"] == false, "{n}");
+    assert!(
+        n.is_null() || n["allocations"].as_array().is_none_or(|a| a.is_empty()),
+        "{n}"
+    );
+    assert_eq!(allocate(&mut c, 1, None).await.0, 409);
+    let history = c.node(&nid).await["history"].to_string();
+    assert!(history.contains("decommissioned"), "{history}");
 }
 
 fn fixture(path: &Path, gpus: &[(&str, bool)]) {

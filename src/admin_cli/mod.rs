@@ -819,6 +819,7 @@ async fn decommission(
                      revoke credentials: {}\n  \
                      resolve hostname conflicts with: {}\n  \
                      spend enrolment claims: {}\n  \
+                     release allocations: {}\n  \
                      accelerators leaving service: {}\n\
                      execute with: modelforge admin decommission execute {} --preview-id {} --reason \"<why>\"\n",
                     s(&v["preview_id"]),
@@ -829,6 +830,7 @@ async fn decommission(
                     list_text(&e["credentials_to_revoke"]),
                     list_text(&e["hostname_conflicts_resolved"]),
                     list_text(&e["claims_to_spend"]),
+                    list_text(&e["allocations_to_release"]),
                     list_text(&e["accelerators_leaving_service"]),
                     node_id,
                     s(&v["preview_id"]),
@@ -869,11 +871,13 @@ async fn decommission(
                 .await?;
             emit_or_quiet(args, &v, vec![node_id.clone()], || {
                 format!(
-                    "node {} decommissioned at {}; revoked: {}; hostname conflicts resolved: {}\n",
+                    "node {} decommissioned at {}; revoked: {}; hostname conflicts resolved: {}; \
+                     allocations released: {}\n",
                     s(&v["node_id"]),
                     s(&v["decommissioned_at"]),
                     list_text(&v["revoked"]),
                     list_text(&v["hostname_conflicts_resolved"]),
+                    list_text(&v["allocations_released"]),
                 )
             });
         }

@@ -450,6 +450,7 @@ fn preview_json(p: &crate::state::DecommissionPreview) -> Value {
             "credentials_to_revoke": p.effects.credentials_to_revoke,
             "hostname_conflicts_resolved": p.effects.hostname_conflicts_resolved,
             "claims_to_spend": p.effects.claims_to_spend,
+            "allocations_to_release": p.effects.allocations_to_release,
             "accelerators_leaving_service": p.effects.accelerators,
         },
         "fingerprint": p.fingerprint,
@@ -574,6 +575,7 @@ pub async fn decommission_execute(
                 "revoked": effects.credentials_to_revoke,
                 "hostname_conflicts_resolved": effects.hostname_conflicts_resolved,
                 "claims_spent": effects.claims_to_spend,
+                "allocations_released": effects.allocations_to_release,
             }))
             .into_response())
         }

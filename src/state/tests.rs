@@ -665,6 +665,28 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
     s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
     s.journal.0.clear();
+    let Outcome::DecommissionPreviewed { preview: p } =
+        preview(&mut s, "p0", 2_000, "pv0", "n1").unwrap()
+    else {
+        panic!("not a preview")
+    };
+    assert_eq!(p.effects.allocations_to_release, vec!["a1".to_string()]);
+    // Work placed on the node after the preview makes it stale: the operator never saw it.
+    allocate(&mut s, "a0", "n1", &["G2"], None).unwrap();
+    let e = execute(&mut s, "x0", 2_001, "pv0", "n1").unwrap_err();
+    assert_eq!(e.code, "preview_stale");
+    assert!(
+        e.message
+            .contains("allocations_to_release: was [a1], now [a0, a1]"),
+        "{}",
+        e.message
+    );
+    assert_eq!(
+        s.sched.allocations.len(),
+        2,
+        "a stale execute released something"
+    );
+    let _ = s.release(2_002, "a0", "test");
     preview(&mut s, "p1", 3_000, "pv1", "n1").unwrap();
     execute(&mut s, "x1", 3_001, "pv1", "n1").unwrap();
     assert!(s.sched.allocations.is_empty());

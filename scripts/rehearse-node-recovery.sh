@@ -157,9 +157,9 @@ PY
 
 # api METHOD PATH [BODY]: an admin call; sets $STATUS, body in $RESP. Tries the members in
 # order while one is unreachable or has no leader (503); writes carry an Idempotency-Key, so a
-# retry on another member applies once. The key is fresh for every call (the product keys its
-# deduplication on the key alone, so a key reused for another request gets that request's
-# answer): a counter would not do, since many calls run in $(...) subshells.
+# retry on another member applies once. The key is fresh for every call (a key reused for the
+# same operation and target with another body is refused 422): a counter would not do, since
+# many calls run in $(...) subshells.
 api() {
   local method=$1 path=$2 body=${3:-} port key
   key="rehearsal-$(cat /proc/sys/kernel/random/uuid)"

@@ -95,6 +95,7 @@ impl From<Refusal> for ApiError {
             "preview_used" => "preview_used",
             "preview_expired" => "preview_expired",
             "preview_stale" => "preview_stale",
+            "idempotency_key_reused" => "idempotency_key_reused",
             _ => "refused",
         };
         Self {

@@ -449,6 +449,36 @@ pub fn inventory_digest(inv: &Inventory) -> String {
     modelforge_proto::hex(&sha2::Sha256::digest(&json))
 }
 
+/// Whether `request_id` (`idem-<key part>.<request part>`, see `server::extract::request_id`)
+/// shares its key part with another request id in `table`: the same Idempotency-Key used for
+/// the same operation and target with a different body.
+pub fn idempotency_key_reused<V>(table: &BTreeMap<String, V>, request_id: &str) -> bool {
+    let Some(dot) = request_id.find('.') else {
+        return false;
+    };
+    if !request_id.starts_with("idem-") {
+        return false;
+    }
+    let prefix = &request_id[..=dot];
+    table
+        .range::<str, _>((
+            std::ops::Bound::Included(prefix),
+            std::ops::Bound::Unbounded,
+        ))
+        .take_while(|(k, _)| k.starts_with(prefix))
+        .any(|(k, _)| k != request_id)
+}
+
+/// The refusal of an Idempotency-Key reused with another request body.
+pub fn key_reused() -> Refusal {
+    Refusal::new(
+        422,
+        "idempotency_key_reused",
+        "this Idempotency-Key was already used for a different request to the same operation \
+         and target; use a new key",
+    )
+}
+
 impl State {
     /// Apply one committed envelope at `log_index`. Deterministic; never panics.
     pub fn apply(&mut self, log_index: u64, env: &Envelope) -> ApplyResult {
@@ -459,7 +489,12 @@ impl State {
         if let Some((_, answer)) = self.dedup.get(&env.request_id) {
             return answer.clone();
         }
-        let result = self.execute(now, env);
+        let reused = idempotency_key_reused(&self.dedup, &env.request_id);
+        let result = if reused {
+            Err(key_reused())
+        } else {
+            self.execute(now, env)
+        };
         if env.command.audited() {
             let target = match (&env.command, &result) {
                 (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.clone(),
@@ -504,7 +539,8 @@ impl State {
                 &env.request_id,
             );
         }
-        if !env.request_id.is_empty() {
+        // A reused key's refusal is not stored: the key keeps answering its first request.
+        if !env.request_id.is_empty() && !reused {
             self.dedup
                 .insert(env.request_id.clone(), (now, result.clone()));
             self.dedup_order.push_back((now, env.request_id.clone()));

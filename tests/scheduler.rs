@@ -143,6 +143,13 @@ async fn placement_is_on_measured_gpus_once_each_and_a_recovered_node_waits_for_
     let (s, again) = allocate(&mut c, 1, Some("key-1")).await;
     assert_eq!(s, 201, "{again}");
     assert_eq!(first["allocation_id"], again["allocation_id"]);
+    // The same key with another request is refused, never answered with the first allocation.
+    let (s, v) = allocate(&mut c, 2, Some("key-1")).await;
+    assert_eq!(
+        (s, v["error"]["code"].clone()),
+        (422, json!("idempotency_key_reused")),
+        "{v}"
+    );
     assert_eq!(scheduler_node(&mut c, &nid).await["free_accelerators"], 1);
     let (s, v) = allocate(&mut c, 2, None).await;
     assert_eq!((s, v["error"]["code"].clone()), (409, json!("no_capacity")));
@@ -432,6 +439,35 @@ async fn an_idempotency_key_reused_for_another_target_is_another_request() {
         "the second node got the first one's answer"
     );
     assert_eq!(c.heartbeat_all(&creds[1].0, &creds[1].1).await, vec![401]);
+    // The same key, operation and target with another body: refused, and audited.
+    let r = http()
+        .delete(format!(
+            "{}/api/v1/admin/hardware/nodes/{}/credential",
+            c.url(1),
+            creds[0].0
+        ))
+        .bearer_auth(ADMIN)
+        .header("Idempotency-Key", "same-key")
+        .json(&json!({"reason": "another reason"}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (422, json!("idempotency_key_reused")),
+        "{v}"
+    );
+    let (_, audit) = c.admin("GET", "/api/v1/admin/audit", None).await;
+    assert!(
+        audit["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["result"] == "idempotency_key_reused"),
+        "{audit}"
+    );
     // The same key on the allocation endpoint is yet another request (no 500, no stored answer).
     let (s, v) = allocate(&mut c, 1, Some("same-key")).await;
     assert!(s == 201 || s == 409, "{s} {v}");

@@ -72,7 +72,7 @@ pub async fn create_enrollment(
             "note must be at most 1024 bytes of printable text",
         ));
     }
-    let rid = request_id(&headers, "admin enrollment.create")?;
+    let rid = request_id(&headers, "admin enrollment.create", &(ttl, &req.note))?;
     let token = Secret::generate(SecretKind::EnrollmentToken);
     let hash = ctx.hasher.hash(token.expose().to_string()).await?;
     let cmd = Command::CreateToken {
@@ -145,7 +145,7 @@ pub async fn cancel_enrollment(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("enrollment_id", &id)?;
-    let rid = request_id(&headers, &format!("admin enrollment.cancel {id}"))?;
+    let rid = request_id(&headers, &format!("admin enrollment.cancel {id}"), &())?;
     // Refuse what cannot succeed without a replicated write (a bad request changes nothing);
     // apply decides again, for the races.
     ctx.linearize().await?;
@@ -411,7 +411,11 @@ pub async fn revoke_credential(
             "reason must be at most 1024 bytes of printable text",
         ));
     }
-    let rid = request_id(&headers, &format!("admin credential.revoke {node_id}"))?;
+    let rid = request_id(
+        &headers,
+        &format!("admin credential.revoke {node_id}"),
+        &reason,
+    )?;
     ctx.linearize().await?;
     if !ctx.app.read().nodes.contains_key(&node_id) {
         return Err(ApiError::not_found(
@@ -470,7 +474,11 @@ pub async fn decommission_preview(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("node_id", &node_id)?;
-    let rid = request_id(&headers, &format!("admin decommission.preview {node_id}"))?;
+    let rid = request_id(
+        &headers,
+        &format!("admin decommission.preview {node_id}"),
+        &(),
+    )?;
     ctx.linearize().await?;
     if !ctx.app.read().nodes.contains_key(&node_id) {
         return Err(ApiError::not_found(
@@ -524,7 +532,11 @@ pub async fn decommission_execute(
             "reason must be 1 to 1024 bytes of printable text",
         ));
     }
-    let rid = request_id(&headers, &format!("admin decommission.execute {node_id}"))?;
+    let rid = request_id(
+        &headers,
+        &format!("admin decommission.execute {node_id}"),
+        &(&body.preview_id, &reason),
+    )?;
     // What needs no decision by consensus is refused before proposing; apply decides the rest
     // (stale, expired, already decommissioned), and audits it.
     ctx.linearize().await?;

@@ -121,9 +121,14 @@ pub fn check_id(what: &'static str, id: &str) -> Result<(), ApiError> {
 /// The request id of a write: derived from `Idempotency-Key` when given (so a retry of the
 /// same logical request applies once), else fresh. `scope` names the actor, the operation and
 /// its target (`admin credential.revoke <node>`), so a key reused for another operation or
-/// another object is another request, never the first one's stored answer.
-pub fn request_id(headers: &HeaderMap, scope: &str) -> Result<String, ApiError> {
-    let actor = scope;
+/// another object is another request, never the first one's stored answer. The id is
+/// `idem-<key part>.<request part>`, the request part a digest of the parsed body: apply
+/// refuses a key reused with another body (`State::idempotency_key_reused`).
+pub fn request_id(
+    headers: &HeaderMap,
+    scope: &str,
+    request: &impl serde::Serialize,
+) -> Result<String, ApiError> {
     use sha2::Digest;
     match headers.get("idempotency-key") {
         None => Ok(modelforge_proto::new_uuid()),
@@ -137,8 +142,14 @@ pub fn request_id(headers: &HeaderMap, scope: &str) -> Result<String, ApiError> 
                     "Idempotency-Key must be 1 to 200 characters",
                 ));
             }
-            let digest = sha2::Sha256::digest(format!("{actor}\n{key}").as_bytes());
-            Ok(format!("idem-{}", modelforge_proto::hex(&digest[..16])))
+            let key_part = sha2::Sha256::digest(format!("{scope}\n{key}").as_bytes());
+            let body = serde_json::to_vec(request).unwrap_or_default();
+            let request_part = sha2::Sha256::digest(&body);
+            Ok(format!(
+                "idem-{}.{}",
+                modelforge_proto::hex(&key_part[..16]),
+                modelforge_proto::hex(&request_part[..8])
+            ))
         }
     }
 }

@@ -94,23 +94,31 @@ pub async fn allocate(
             "owner must be 1 to 256 characters",
         ));
     }
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let rid = request_id(&headers, "admin allocation.create")?;
+    let rid = request_id(
+        &headers,
+        "admin allocation.create",
+        &(req.accelerators, req.min_memory_mib, &req.owner),
+    )?;
+    let key = headers.contains_key("idempotency-key").then(|| rid.clone());
     let _placing = ctx.placement.lock().await;
     ctx.linearize().await?;
-    let existing = key.as_ref().and_then(|k| {
+    if let Some(k) = &key {
         let s = ctx.app.read();
-        s.sched
+        if let Some(a) = s
+            .sched
             .by_key
             .get(k)
             .and_then(|id| s.sched.allocations.get(id))
-            .cloned()
-    });
-    if let Some(a) = existing {
-        return Ok(created(&a.allocation_id, &a.node_id, &a.accelerator_uuids));
+        {
+            return Ok(created(&a.allocation_id, &a.node_id, &a.accelerator_uuids));
+        }
+        // Refused here too, so that the answer does not depend on the capacity left; apply
+        // decides it again.
+        if crate::state::idempotency_key_reused(&s.sched.by_key, k)
+            || crate::state::idempotency_key_reused(&s.dedup, k)
+        {
+            return Err(crate::state::key_reused().into());
+        }
     }
     let live = ctx.live.sup.all().await;
     let rebuilt_at = ctx.live.sup.rebuilt_at();
@@ -185,6 +193,7 @@ pub async fn release(
     let rid = request_id(
         &headers,
         &format!("admin allocation.release {allocation_id}"),
+        &(),
     )?;
     ctx.propose(
         "admin",
@@ -270,7 +279,7 @@ pub async fn start_smoke(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     check_id("node_id", &node_id)?;
-    let rid = request_id(&headers, &format!("admin smoke.start {node_id}"))?;
+    let rid = request_id(&headers, &format!("admin smoke.start {node_id}"), &())?;
     let smoke_id = format!("smk-{}", &rid.replace('-', "")[..20.min(rid.len())]);
     let cmd = Command::StartSmoke {
         smoke_id: smoke_id.clone(),

@@ -32,6 +32,7 @@ pub struct Allocation {
     pub created_at_ms: i64,
     /// False after a restore until the node's fresh report confirms it.
     pub confirmed: bool,
+    /// The request id made from the Idempotency-Key, when the request had one.
     pub idempotency_key: Option<String>,
 }
 
@@ -56,7 +57,8 @@ pub struct Smoke {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Scheduling {
     pub allocations: BTreeMap<String, Allocation>,
-    /// Idempotency-Key -> allocation id (a retry returns the first result).
+    /// Request id made from an Idempotency-Key -> allocation id (a retry returns the first
+    /// result; the same key with another body is refused).
     pub by_key: BTreeMap<String, String>,
     /// node -> GPUs seen busy in its latest report without an allocation.
     pub external_busy: BTreeMap<String, BTreeSet<String>>,
@@ -138,6 +140,9 @@ impl State {
             .and_then(|id| self.sched.allocations.get(id))
         {
             return Ok(allocated_outcome(existing));
+        }
+        if key.is_some_and(|k| super::idempotency_key_reused(&self.sched.by_key, k)) {
+            return Err(super::key_reused());
         }
         let no_capacity = |m: &str| {
             Err(Refusal::new(

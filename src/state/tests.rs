@@ -713,3 +713,42 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
         "re-applying twice changed something"
     );
 }
+
+#[test]
+fn an_idempotency_key_reused_with_another_body_is_refused_and_keeps_its_first_answer() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    let cancel = |id: &str| {
+        env(
+            id,
+            2_000,
+            Command::CancelToken {
+                token_id: "t1".into(),
+            },
+        )
+    };
+    let first = s.apply(5, &cancel("idem-k1.b1"));
+    assert!(first.is_ok(), "{first:?}");
+    // Same key part, other request part: refused, audited, and not stored.
+    let e = s.apply(6, &cancel("idem-k1.b2")).unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(s.audit.last().unwrap().result, "idempotency_key_reused");
+    assert!(!s.dedup.contains_key("idem-k1.b2"));
+    assert_eq!(s.apply(7, &cancel("idem-k1.b1")), first);
+    // Ids without a key part (no Idempotency-Key) never collide this way.
+    assert!(!idempotency_key_reused(&s.dedup, "idem-k1"));
+    assert!(!idempotency_key_reused(&s.dedup, "a-fresh-uuid"));
+    assert!(idempotency_key_reused(&s.dedup, "idem-k1.zz"));
+    assert!(!idempotency_key_reused(&s.dedup, "idem-k10.b1"));
+
+    // An allocation's key is kept as long as the allocation, beyond the request-id table.
+    create(&mut s, "t2", 1_000);
+    enroll(&mut s, "e1", 1_000, "t2", "k1", "n1", "c1").unwrap();
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    allocate(&mut s, "a1", "n1", &["G1"], Some("idem-k2.x1")).unwrap();
+    s.dedup.clear();
+    s.dedup_order.clear();
+    let e = allocate(&mut s, "a2", "n1", &["G2"], Some("idem-k2.x2")).unwrap_err();
+    assert_eq!(e.code, "idempotency_key_reused");
+    assert_eq!(s.sched.allocations.len(), 1);
+}

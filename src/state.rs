@@ -212,13 +212,15 @@ pub enum Outcome {
     SmokeFinished {
         passed: bool,
     },
+    // The large answers are boxed: every answer is kept in the request-id table (up to
+    // `DEDUP_MAX` of them), and an enum is as large as its largest variant.
     DecommissionPreviewed {
-        preview: DecommissionPreview,
+        preview: Box<DecommissionPreview>,
     },
     Decommissioned {
         node_id: String,
         decommissioned_at_ms: i64,
-        effects: DecommissionEffects,
+        effects: Box<DecommissionEffects>,
     },
 }
 
@@ -1129,7 +1131,9 @@ impl State {
         self.previews
             .insert(preview_id.to_string(), preview.clone());
         self.prune_previews(now);
-        Ok(Outcome::DecommissionPreviewed { preview })
+        Ok(Outcome::DecommissionPreviewed {
+            preview: Box::new(preview),
+        })
     }
 
     fn execute_decommission(
@@ -1227,7 +1231,7 @@ impl State {
         Ok(Outcome::Decommissioned {
             node_id: node_id.to_string(),
             decommissioned_at_ms: now,
-            effects,
+            effects: Box::new(effects),
         })
     }
 

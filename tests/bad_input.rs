@@ -127,6 +127,19 @@ async fn no_secret_reaches_a_log_a_snapshot_or_the_raft_log() {
         secrets.push(c.new_token(600).await);
     }
     c.wait_converged().await;
+    // Every member has written a snapshot to scan (snapshots are paced: wait for them).
+    let ids = c.ids.clone();
+    let this = &c;
+    wait_until("every member has a snapshot", WAIT, || {
+        let ids = ids.clone();
+        async move {
+            for id in ids {
+                this.cluster_view(id).await?["snapshot_index"].as_u64()?;
+            }
+            Some(())
+        }
+    })
+    .await;
     for a in agents.iter_mut() {
         a.stop();
     }

@@ -58,10 +58,32 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
         || async { all_heartbeat_ok(&urls, &nodes).await.then_some(()) },
     )
     .await;
-    // Enough writes that the survivors snapshot past what the dead member has.
+    // Enough writes that the survivors snapshot past what the dead member has (snapshots are
+    // paced, so wait for them rather than assume them).
+    let (_, view) = c.admin("GET", "/api/v1/cluster", None).await;
+    let dead_had = view["applied_index"].as_u64().unwrap();
     for _ in 0..30 {
         c.new_token(60).await;
     }
+    let survivors: Vec<u64> = c.live_ids();
+    let this = &c;
+    wait_until(
+        "the survivors snapshot past what the dead member has",
+        WAIT,
+        || {
+            let survivors = survivors.clone();
+            async move {
+                for id in survivors {
+                    let v = this.cluster_view(id).await?;
+                    if v["snapshot_index"].as_u64().is_none_or(|s| s <= dead_had) {
+                        return None;
+                    }
+                }
+                Some(())
+            }
+        },
+    )
+    .await;
     c.start_member(leader);
     c.wait_ready().await;
     let digest = c.wait_converged().await;

@@ -799,7 +799,28 @@ async fn main() {
         "population grown by {grown} in {:.1} s",
         t.elapsed().as_secs_f64()
     );
+    // Measured twice: right after the growth (its transient buffers included), and settled:
+    // every member has applied the same index and one malloc_trim period (10 s) has passed.
+    let rss_grown = b.rss();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(120) {
+        let mut applied = vec![];
+        for i in 0..3 {
+            if let Some(v) = b.cluster_view(&http, i).await {
+                applied.push(v["applied_index"].as_u64().unwrap_or(0));
+            }
+        }
+        if applied.len() == 3 && applied.iter().all(|a| *a == applied[0]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(11)).await;
     let rss_large = b.rss();
+    println!(
+        "RSS right after the growth {:.0} / {:.0} / {:.0} MiB; settled {:.0} / {:.0} / {:.0} MiB",
+        rss_grown[0], rss_grown[1], rss_grown[2], rss_large[0], rss_large[1], rss_large[2]
+    );
     let max = rss_large.iter().cloned().fold(0.0, f64::max);
     r.row(
         &format!("Memory at {} enrolled nodes (8 GPUs each)", p.population[1]),
@@ -813,7 +834,7 @@ async fn main() {
     );
     r.put(
         "rss_mib_large",
-        json!({"nodes": p.population[1], "members": rss_large}),
+        json!({"nodes": p.population[1], "members": rss_large, "right_after_growth": rss_grown}),
     );
     drop(b);
 

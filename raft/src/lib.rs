@@ -170,7 +170,8 @@ impl<A: Application> Consensus<A> {
             heartbeat_interval: tuning.heartbeat_interval_ms,
             election_timeout_min: tuning.election_timeout_min_ms,
             election_timeout_max: tuning.election_timeout_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_logs),
+            // Snapshots are asked for by `pace_snapshots`, never by a fixed policy.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: tuning.logs_kept_after_snapshot,
             install_snapshot_timeout: 10_000,
             // A restarted leader must win a new election instead of resuming its old term: the
@@ -192,9 +193,11 @@ impl<A: Application> Consensus<A> {
         let log = LogStore::open(&dir.join("raft-log.redb"))
             .map_err(|e| anyhow_like::Error(e.to_string()))?;
         let sm = StateMachine::open(dir, app).map_err(|e| anyhow_like::Error(e.to_string()))?;
+        let pacing = sm.pacing();
         let raft = openraft::Raft::new(id, config, network, log, sm)
             .await
             .map_err(|e| anyhow_like::Error(e.to_string()))?;
+        pace_snapshots(raft.clone(), pacing, tuning.snapshot_every_logs.max(1));
         Ok(Self { raft, id })
     }
 
@@ -351,6 +354,37 @@ impl<A: Application> Consensus<A> {
             tracing::warn!(error = %e, "raft shutdown");
         }
     }
+}
+
+/// Ask for a snapshot when at least `every` entries were applied since the last one and the
+/// last build took at most a tenth of the time since (ARCHITECTURE.md, "Snapshot pacing").
+/// Ends when the Raft task has stopped.
+fn pace_snapshots<A: Application>(
+    raft: Raft<A>,
+    pacing: Arc<state_machine::SnapshotPacing>,
+    every: u64,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let since = {
+                let m = raft.metrics();
+                let m = m.borrow_watched();
+                let applied = m.last_applied.as_ref().map(|l| l.index() + 1).unwrap_or(0);
+                let covered = m.snapshot.as_ref().map(|l| l.index() + 1).unwrap_or(0);
+                applied.saturating_sub(covered)
+            };
+            if since < every || !pacing.may_start() {
+                continue;
+            }
+            pacing.requested();
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// A tiny error type so that this crate needs no `anyhow`.

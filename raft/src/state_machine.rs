@@ -13,6 +13,8 @@ use std::io::Cursor;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
 
 use futures_util::Stream;
 use futures_util::TryStreamExt;
@@ -53,6 +55,7 @@ pub struct StateMachine<A: Application> {
     app: Arc<A>,
     applied: Arc<tokio::sync::Mutex<Applied>>,
     dir: PathBuf,
+    pacing: Arc<SnapshotPacing>,
 }
 
 impl<A: Application> Clone for StateMachine<A> {
@@ -61,7 +64,80 @@ impl<A: Application> Clone for StateMachine<A> {
             app: self.app.clone(),
             applied: self.applied.clone(),
             dir: self.dir.clone(),
+            pacing: self.pacing.clone(),
         }
+    }
+}
+
+/// When snapshots were built, so that building them takes at most a tenth of the time
+/// (`crate::pace_snapshots` asks for one only when [`SnapshotPacing::may_start`]).
+#[derive(Default)]
+pub struct SnapshotPacing {
+    inner: std::sync::Mutex<Pacing>,
+}
+
+#[derive(Default)]
+struct Pacing {
+    building: bool,
+    requested_at: Option<Instant>,
+    last_end: Option<Instant>,
+    last_took: Duration,
+}
+
+/// How long a request for a snapshot that never started a build blocks the next one.
+const REQUEST_STALE: Duration = Duration::from_secs(10);
+
+impl SnapshotPacing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pacing> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// No build running or requested, and the last one ended at least nine of its durations ago.
+    pub fn may_start(&self) -> bool {
+        self.may_start_at(Instant::now())
+    }
+
+    fn may_start_at(&self, now: Instant) -> bool {
+        let p = self.lock();
+        !p.building
+            && p.requested_at
+                .is_none_or(|r| now.saturating_duration_since(r) > REQUEST_STALE)
+            && p.last_end
+                .is_none_or(|e| now.saturating_duration_since(e) >= p.last_took * 9)
+    }
+
+    pub fn requested(&self) {
+        self.lock().requested_at = Some(Instant::now());
+    }
+
+    /// The duration of the last build, for the logs and the tests.
+    pub fn last_took(&self) -> Duration {
+        self.lock().last_took
+    }
+
+    fn started(&self) -> BuildGuard<'_> {
+        let mut p = self.lock();
+        p.building = true;
+        p.requested_at = None;
+        BuildGuard {
+            pacing: self,
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Ends a build in the pacing record however the build ends.
+struct BuildGuard<'a> {
+    pacing: &'a SnapshotPacing,
+    started: Instant,
+}
+
+impl Drop for BuildGuard<'_> {
+    fn drop(&mut self) {
+        let mut p = self.pacing.lock();
+        p.building = false;
+        p.last_end = Some(Instant::now());
+        p.last_took = self.started.elapsed();
     }
 }
 
@@ -82,7 +158,12 @@ impl<A: Application> StateMachine<A> {
             app,
             applied: Arc::new(tokio::sync::Mutex::new(applied)),
             dir: dir.to_path_buf(),
+            pacing: Arc::new(SnapshotPacing::default()),
         })
+    }
+
+    pub fn pacing(&self) -> Arc<SnapshotPacing> {
+        self.pacing.clone()
     }
 }
 
@@ -130,9 +211,14 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<C, Cursor<Vec<u8>>>, io::Error> {
+        let _build = self.pacing.started();
         let (meta, data) = {
             let applied = self.applied.lock().await;
-            let data = self.app.snapshot();
+            // Apply waits for this lock; the encode itself must not hold an async worker.
+            let app = self.app.clone();
+            let data = tokio::task::spawn_blocking(move || app.snapshot())
+                .await
+                .map_err(io::Error::other)?;
             let meta = SnapshotMetaOf::<C> {
                 last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
@@ -229,5 +315,37 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
             meta: f.meta,
             snapshot: Cursor::new(f.data),
         }))
+    }
+}
+
+#[cfg(test)]
+mod pacing_tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_is_asked_for_only_when_none_runs_and_the_last_took_a_tenth_of_the_time_since() {
+        let p = SnapshotPacing::default();
+        let now = Instant::now();
+        assert!(p.may_start_at(now), "nothing built yet");
+        p.requested();
+        assert!(!p.may_start_at(now), "one is requested");
+        assert!(
+            p.may_start_at(now + REQUEST_STALE + Duration::from_secs(1)),
+            "a request that never started a build goes stale"
+        );
+        {
+            let _build = p.started();
+            assert!(!p.may_start_at(now), "one is building");
+        }
+        let ended = p.lock().last_end.expect("the build ended");
+        p.lock().last_took = Duration::from_secs(3600);
+        assert!(
+            !p.may_start_at(ended + Duration::from_secs(3600)),
+            "one duration later"
+        );
+        assert!(
+            p.may_start_at(ended + Duration::from_secs(9 * 3600)),
+            "nine of its durations later"
+        );
     }
 }

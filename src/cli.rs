@@ -187,6 +187,10 @@ pub struct ServeArgs {
     /// Shards of the node supervision tree (each an actor owning many nodes).
     #[arg(long, default_value_t = 16)]
     pub node_shards: usize,
+    /// Memory for the nodes' recent telemetry samples (up to 32 a node, at least the latest),
+    /// in MiB: with many nodes each keeps fewer.
+    #[arg(long, default_value_t = 128)]
+    pub telemetry_budget_mib: usize,
     /// How often status transitions and refused requests are written to node histories.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub events_interval: Duration,
@@ -286,6 +290,7 @@ impl ServeArgs {
             max_token_ttl_s: self.max_token_ttl,
             touch_interval: self.touch_interval,
             node_shards: self.node_shards.clamp(1, 1024),
+            telemetry_budget_bytes: self.telemetry_budget_mib.saturating_mul(1 << 20),
             events_interval: self.events_interval,
         })
     }

@@ -32,8 +32,12 @@ use ractor::SupervisionEvent;
 
 use crate::app::Replicated;
 
-/// Telemetry samples kept per node.
+/// Telemetry samples kept per node, at most.
 pub const TELEMETRY_RING: usize = 32;
+/// Bytes of telemetry samples kept over all nodes by default (`--telemetry-budget-mib`).
+pub const DEFAULT_TELEMETRY_BUDGET: usize = 128 << 20;
+/// What one sample costs besides its text: the ring slot and the allocation's header.
+const SAMPLE_OVERHEAD: usize = 40;
 /// How long a read of a shard may take.
 const CALL_TIMEOUT_MS: u64 = 2000;
 
@@ -91,6 +95,7 @@ pub struct ShardArgs {
     shards: usize,
     app: Arc<Replicated>,
     rebuilt_at_ms: i64,
+    telemetry_budget: usize,
 }
 
 pub struct ShardState {
@@ -99,6 +104,13 @@ pub struct ShardState {
     app: Arc<Replicated>,
     nodes: HashMap<String, NodeLive>,
     rebuilt_at_ms: i64,
+    /// This shard's share of the telemetry budget, and what its rings hold now.
+    telemetry_budget: usize,
+    telemetry_bytes: usize,
+}
+
+fn sample_cost(t: &str) -> usize {
+    t.len() + SAMPLE_OVERHEAD
 }
 
 pub fn shard_of(node_id: &str, shards: usize) -> usize {
@@ -112,6 +124,7 @@ impl ShardState {
     /// Seed from the replicated state: the shard's nodes, last seen per `last_used_at`.
     fn seed(&mut self) {
         self.nodes.clear();
+        self.telemetry_bytes = 0;
         let s = self.app.read();
         for node in s.nodes.values() {
             if shard_of(&node.node_id, self.shards) != self.index
@@ -180,6 +193,8 @@ impl Actor for Shard {
             app: a.app,
             nodes: HashMap::new(),
             rebuilt_at_ms: a.rebuilt_at_ms,
+            telemetry_budget: a.telemetry_budget,
+            telemetry_bytes: 0,
         };
         st.seed();
         Ok(st)
@@ -198,16 +213,26 @@ impl Actor for Shard {
                 telemetry,
                 report,
             } => {
+                // Over the shard's budget, the node that reports drops its own oldest
+                // samples (never its latest): rings shrink evenly as nodes are added.
+                let budget = st.telemetry_budget;
+                let mut bytes = st.telemetry_bytes;
                 if let Some(n) = st.entry(&node_id) {
                     n.last_heartbeat_ms = Some(at_ms);
+                    bytes += sample_cost(&telemetry);
                     n.telemetry.push_back((at_ms, telemetry));
-                    while n.telemetry.len() > TELEMETRY_RING {
-                        n.telemetry.pop_front();
+                    while n.telemetry.len() > TELEMETRY_RING
+                        || (bytes > budget && n.telemetry.len() > 1)
+                    {
+                        if let Some((_, old)) = n.telemetry.pop_front() {
+                            bytes = bytes.saturating_sub(sample_cost(&old));
+                        }
                     }
                     if report {
                         n.last_report_ms = Some(at_ms);
                     }
                 }
+                st.telemetry_bytes = bytes;
             }
             ShardMsg::Report { node_id, at_ms } => {
                 if let Some(n) = st.entry(&node_id) {
@@ -329,6 +354,7 @@ impl Actor for NodeSupervisor {
 #[derive(Clone)]
 pub struct Supervision {
     shards: usize,
+    telemetry_budget: usize,
     app: Arc<Replicated>,
     refs: Arc<RwLock<Vec<Option<ActorRef<ShardMsg>>>>>,
     rebuilt_at_ms: Arc<AtomicU64>,
@@ -336,10 +362,21 @@ pub struct Supervision {
 }
 
 impl Supervision {
-    /// Start the tree with `shards` shards over `app`.
+    /// Start the tree with `shards` shards over `app` and the default telemetry budget.
     pub async fn start(app: Arc<Replicated>, shards: usize, now_ms: i64) -> anyhow::Result<Self> {
+        Self::start_with(app, shards, DEFAULT_TELEMETRY_BUDGET, now_ms).await
+    }
+
+    /// Start the tree; the shards share `telemetry_budget` bytes of telemetry samples.
+    pub async fn start_with(
+        app: Arc<Replicated>,
+        shards: usize,
+        telemetry_budget: usize,
+        now_ms: i64,
+    ) -> anyhow::Result<Self> {
         let h = Supervision {
             shards: shards.max(1),
+            telemetry_budget,
             app,
             refs: Arc::new(RwLock::new(vec![None; shards.max(1)])),
             rebuilt_at_ms: Arc::new(AtomicU64::new(now_ms as u64)),
@@ -357,6 +394,7 @@ impl Supervision {
             shards: self.shards,
             app: self.app.clone(),
             rebuilt_at_ms: self.rebuilt_at_ms.load(Ordering::SeqCst) as i64,
+            telemetry_budget: self.telemetry_budget / self.shards,
         }
     }
 
@@ -589,5 +627,58 @@ mod tests {
         assert!(sup.flush(vec![]).await.is_empty());
         assert_eq!(sup.get("n0").await.0.recorded_status, Some("online"));
         assert_eq!(sup.all().await.len(), 1, "unknown node ids get no entry");
+    }
+
+    #[tokio::test]
+    async fn telemetry_rings_share_a_byte_budget_and_keep_each_nodes_latest_sample() {
+        let app = app_with_nodes(20);
+        let sample = |i: i64| format!("{{\"pad\":\"{}\",\"i\":{i}}}", "x".repeat(900));
+        let per = sample(0).len() + SAMPLE_OVERHEAD;
+        // One shard, room for 40 samples: 20 nodes x 10 heartbeats end with about 2 each.
+        let budget = 40 * per;
+        let sup = Supervision::start_with(app, 1, budget, 0).await.unwrap();
+        for i in 0..10 {
+            for n in 0..20 {
+                sup.heartbeat(&format!("n{n}"), i, sample(i).into(), false);
+            }
+        }
+        wait("all heartbeats", async || {
+            sup.get("n19").await.0.last_heartbeat_ms == Some(9)
+        })
+        .await;
+        let mut held = 0;
+        for n in 0..20 {
+            let (l, _) = sup.get(&format!("n{n}")).await;
+            assert!(!l.telemetry.is_empty(), "n{n} lost its latest sample");
+            assert_eq!(
+                l.telemetry.back().unwrap().0,
+                9,
+                "n{n}'s latest is not the last one"
+            );
+            held += l.telemetry.len();
+        }
+        assert!(
+            held * per <= budget,
+            "{held} samples exceed the budget of 40"
+        );
+        assert!(held >= 20, "{held}");
+        // A budget smaller than one sample a node still keeps every node's latest.
+        let sup = Supervision::start_with(app_with_nodes(3), 1, 1, 0)
+            .await
+            .unwrap();
+        for i in 0..5 {
+            for n in 0..3 {
+                sup.heartbeat(&format!("n{n}"), i, sample(i).into(), false);
+            }
+        }
+        wait("all heartbeats", async || {
+            sup.get("n2").await.0.last_heartbeat_ms == Some(4)
+        })
+        .await;
+        for n in 0..3 {
+            let (l, _) = sup.get(&format!("n{n}")).await;
+            assert_eq!(l.telemetry.len(), 1);
+            assert_eq!(l.telemetry[0].0, 4);
+        }
     }
 }

@@ -78,6 +78,8 @@ pub struct ServeConfig {
     pub touch_interval: Duration,
     /// Shards of the node supervision tree.
     pub node_shards: usize,
+    /// Bytes of recent telemetry samples kept over all nodes.
+    pub telemetry_budget_bytes: usize,
     /// How often status transitions and refused requests are written to node histories.
     pub events_interval: Duration,
 }
@@ -156,7 +158,13 @@ pub async fn serve(
         .tcp_nodelay(true)
         .build()?;
     let mint = crate::secrets::CredentialMint::new(cfg.credential_pool);
-    let sup = crate::supervisor::Supervision::start(app.clone(), cfg.node_shards, now_ms()).await?;
+    let sup = crate::supervisor::Supervision::start_with(
+        app.clone(),
+        cfg.node_shards,
+        cfg.telemetry_budget_bytes,
+        now_ms(),
+    )
+    .await?;
     let ctx = Arc::new(Ctx {
         cfg,
         consensus: consensus.clone(),

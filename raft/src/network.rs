@@ -89,6 +89,9 @@ pub struct PeerClient {
     net: PeerNetwork,
 }
 
+/// The least time an append RPC is given (see `append_entries`).
+const APPEND_TIMEOUT_FLOOR: Duration = Duration::from_secs(1);
+
 impl PeerClient {
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
@@ -141,7 +144,12 @@ impl RaftNetworkV2<C> for PeerClient {
         rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
-        self.call("append", &rpc, option.soft_ttl()).await
+        // openraft's budget for an append is the heartbeat interval (50 ms, so 37 ms soft):
+        // a follower that takes longer (an fsync and 300 entries on a loaded machine) had its
+        // answer thrown away and the batch sent again, a retry storm that stalled commits
+        // under an enrolment wave. The sequential stream waits for the answer instead.
+        self.call("append", &rpc, option.soft_ttl().max(APPEND_TIMEOUT_FLOOR))
+            .await
     }
 
     async fn vote(

@@ -14,6 +14,7 @@
 //! - the plaintext of a token or credential never reaches this module: only argon2id hashes.
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::collections::VecDeque;
 
 use modelforge_proto::wire::Inventory;
@@ -443,6 +444,10 @@ pub struct State {
     pub journal: crate::journal::Pending,
     /// Decommission previews by id (pruned by expiry in apply).
     pub previews: BTreeMap<String, DecommissionPreview>,
+    /// Hostname -> the enabled nodes claiming it: "which enabled nodes claim H" without a scan
+    /// of every node (an enrolment asks it, and so does every node view). Maintained wherever
+    /// a node is created, renamed or disabled (`index_hostname`, `unindex_hostname`).
+    pub enabled_by_hostname: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// SHA-256 hex of an inventory's canonical JSON.
@@ -874,6 +879,7 @@ impl State {
                         history: VecDeque::new(),
                     },
                 );
+                self.index_hostname(hostname, new_node_id);
                 let others: Vec<String> = self
                     .enabled_claimants(hostname)
                     .into_iter()
@@ -947,10 +953,20 @@ impl State {
         node.credential_ids.push(credential_id.to_string());
         node.enrolled_at_ms = now;
         if node.hostname != hostname {
-            let detail = format!("{} -> {hostname}", node.hostname);
-            node.hostname = hostname.to_string();
-            push_history(node, now, "hostname_changed", detail);
+            let old = std::mem::replace(&mut node.hostname, hostname.to_string());
+            let enabled = node.enabled;
+            push_history(
+                node,
+                now,
+                "hostname_changed",
+                format!("{old} -> {hostname}"),
+            );
+            if enabled {
+                self.unindex_hostname(&old, &node_id);
+                self.index_hostname(hostname, &node_id);
+            }
         }
+        let node = self.nodes.get_mut(&node_id).expect("node looked up above");
         let kind = if retry {
             "enrolment_retried"
         } else if reenrolled {
@@ -1033,11 +1049,38 @@ impl State {
 
     /// Enabled nodes claiming `hostname`, in id order.
     pub fn enabled_claimants(&self, hostname: &str) -> Vec<String> {
-        self.nodes
-            .values()
-            .filter(|n| n.enabled && n.hostname == hostname)
-            .map(|n| n.node_id.clone())
-            .collect()
+        self.enabled_by_hostname
+            .get(hostname)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn index_hostname(&mut self, hostname: &str, node_id: &str) {
+        self.enabled_by_hostname
+            .entry(hostname.to_string())
+            .or_default()
+            .insert(node_id.to_string());
+    }
+
+    fn unindex_hostname(&mut self, hostname: &str, node_id: &str) {
+        if let Some(ids) = self.enabled_by_hostname.get_mut(hostname) {
+            ids.remove(node_id);
+            if ids.is_empty() {
+                self.enabled_by_hostname.remove(hostname);
+            }
+        }
+    }
+
+    /// Whether the hostname index matches the nodes (for the tests).
+    pub fn hostname_index_matches_nodes(&self) -> bool {
+        let mut expected: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for n in self.nodes.values().filter(|n| n.enabled) {
+            expected
+                .entry(n.hostname.clone())
+                .or_default()
+                .insert(n.node_id.clone());
+        }
+        expected == self.enabled_by_hostname
     }
 
     /// What decommissioning `node_id` would change now; `None` for an unknown node.
@@ -1214,6 +1257,8 @@ impl State {
         node.decommissioned_at_ms = Some(now);
         push_history(node, now, "decommissioned", reason.to_string());
         let public_key = node.public_key.clone();
+        let hostname = node.hostname.clone();
+        self.unindex_hostname(&hostname, node_id);
         self.journal.0.push(Fact::NodeDecommissioned {
             node_id: node_id.to_string(),
             public_key,
@@ -1321,6 +1366,8 @@ impl State {
                 node.decommissioned_at_ms = Some(*at_ms);
                 node.enabled = false;
                 push_history(node, *at_ms, "decommissioned", WHY.to_string());
+                let hostname = node.hostname.clone();
+                self.unindex_hostname(&hostname, node_id);
                 for c in self.active_credential_ids(node_id) {
                     self.revoke(*at_ms, &c, "node decommissioned", true);
                 }

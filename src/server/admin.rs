@@ -214,14 +214,14 @@ fn node_summary(
     now: i64,
 ) -> Value {
     let seen = last_seen(s, node, live);
-    let conflicts: Vec<&str> = s
-        .nodes
-        .values()
-        .filter(|o| {
-            node.enabled && o.node_id != node.node_id && o.enabled && o.hostname == node.hostname
-        })
-        .map(|o| o.node_id.as_str())
-        .collect();
+    let conflicts: Vec<&str> = match s.enabled_by_hostname.get(&node.hostname) {
+        Some(ids) if node.enabled => ids
+            .iter()
+            .map(String::as_str)
+            .filter(|o| *o != node.node_id)
+            .collect(),
+        _ => vec![],
+    };
     // Accelerators count as verified only after a fresh hardware report since this member
     // last rebuilt its view (start, leader change, shard restart).
     let verified_at = live.last_report_ms.filter(|r| *r >= rebuilt_at);

@@ -752,3 +752,46 @@ fn an_idempotency_key_reused_with_another_body_is_refused_and_keeps_its_first_an
     assert_eq!(e.code, "idempotency_key_reused");
     assert_eq!(s.sched.allocations.len(), 1);
 }
+
+#[test]
+fn the_hostname_index_follows_enrolment_renames_decommission_and_reapplied_facts() {
+    let mut s = two_nodes_one_hostname();
+    assert!(s.hostname_index_matches_nodes());
+    assert_eq!(s.enabled_claimants("gpu-1"), vec!["nA", "nB"]);
+    // nA re-enrols under another hostname (same identity, new token): the index moves it.
+    create(&mut s, "t3", 1100);
+    s.apply(
+        7,
+        &env(
+            "r3",
+            1101,
+            Command::Enroll {
+                token_id: "t3".into(),
+                public_key: "keyA".into(),
+                hostname: "gpu-2".into(),
+                inventory: Inventory::default(),
+                new_node_id: "unused".into(),
+                credential_id: "cA2".into(),
+                credential_hash: "ch".into(),
+            },
+        ),
+    )
+    .unwrap();
+    assert_eq!(s.nodes["nA"].hostname, "gpu-2");
+    assert!(s.hostname_index_matches_nodes());
+    assert_eq!(s.enabled_claimants("gpu-1"), vec!["nB"]);
+    assert_eq!(s.enabled_claimants("gpu-2"), vec!["nA"]);
+    // Decommissioned: out of the index, and no empty entry is left behind.
+    let older = s.clone();
+    preview(&mut s, "p1", 2000, "pv1", "nB").unwrap();
+    execute(&mut s, "x1", 2001, "pv1", "nB").unwrap();
+    assert!(s.hostname_index_matches_nodes());
+    assert!(!s.enabled_by_hostname.contains_key("gpu-1"));
+    // The same fact re-applied from the journal to an older state does the same.
+    let mut restored = older;
+    for f in std::mem::take(&mut s.journal.0) {
+        restored.reapply(&f);
+    }
+    assert!(restored.nodes["nB"].decommissioned_at_ms.is_some());
+    assert!(restored.hostname_index_matches_nodes());
+}

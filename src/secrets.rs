@@ -140,13 +140,26 @@ impl Hasher {
 /// enrolment (taken out under the lock, never cloned) and is lost with the process, which
 /// costs nothing: an unissued credential was never stored anywhere. The pool fills only on
 /// the leader (where enrolments are decided) and only while a worker is free and nothing
-/// waits, so it delays a heartbeat or an enrolment by at most the one hash in progress.
+/// waits, so it delays an enrolment by at most the one hash in progress.
+///
+/// A free argon2 worker is not a free CPU: heartbeats need no argon2 and would share the cores
+/// with a refill running flat out (the benchmark measured heartbeats at half their rate while
+/// the leader re-minted its pool after a burst). While agents or admins were served in the
+/// last [`FOREGROUND_WINDOW_MS`], the refill keeps to [`BUSY_DUTY`] of one core: after each
+/// hash it rests three times as long. With nothing to serve it runs at full speed.
 pub struct CredentialMint {
     ready: std::sync::Mutex<Vec<(modelforge_proto::secret::Secret, String)>>,
     target: usize,
     minted_ahead: std::sync::atomic::AtomicU64,
     minted_inline: std::sync::atomic::AtomicU64,
+    /// When a request was last served (ms since the epoch).
+    last_foreground_ms: std::sync::atomic::AtomicI64,
 }
+
+/// How recent a served request must be for the refill to yield.
+pub const FOREGROUND_WINDOW_MS: i64 = 500;
+/// The share of one core the refill may take while requests are being served.
+pub const BUSY_DUTY: f64 = 0.25;
 
 impl CredentialMint {
     pub fn new(target: usize) -> Self {
@@ -155,6 +168,22 @@ impl CredentialMint {
             target,
             minted_ahead: Default::default(),
             minted_inline: Default::default(),
+            last_foreground_ms: Default::default(),
+        }
+    }
+
+    /// A request is being served: the refill yields for a while.
+    pub fn note_foreground(&self, now_ms: i64) {
+        self.last_foreground_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// How long to rest after a refill hash that took `took`, at `now_ms`.
+    pub fn rest_after(&self, took: std::time::Duration, now_ms: i64) -> std::time::Duration {
+        let busy = now_ms - self.last_foreground_ms.load(Ordering::Relaxed) < FOREGROUND_WINDOW_MS;
+        if busy {
+            took.mul_f64((1.0 - BUSY_DUTY) / BUSY_DUTY)
+        } else {
+            std::time::Duration::ZERO
         }
     }
 
@@ -187,23 +216,25 @@ impl CredentialMint {
         )
     }
 
-    /// Mint one ahead if the pool is short and the hasher idle; whether it did.
-    pub async fn refill_one(&self, hasher: &Hasher) -> bool {
+    /// Mint one ahead if the pool is short and the hasher idle; how long that hash took
+    /// (None when it minted nothing).
+    pub async fn refill_one(&self, hasher: &Hasher) -> Option<std::time::Duration> {
         use modelforge_proto::secret::Secret;
         use modelforge_proto::secret::SecretKind;
         if self.ready() >= self.target || !hasher.idle() {
-            return false;
+            return None;
         }
+        let t = std::time::Instant::now();
         let credential = Secret::generate(SecretKind::NodeCredential);
         let Ok(hash) = hasher.hash(credential.expose().to_string()).await else {
-            return false;
+            return None;
         };
         self.minted_ahead.fetch_add(1, Ordering::Relaxed);
         self.ready
             .lock()
             .expect("mint lock")
             .push((credential, hash));
-        true
+        Some(t.elapsed())
     }
 }
 
@@ -270,7 +301,7 @@ mod tests {
         )
         .unwrap();
         let mint = CredentialMint::new(3);
-        while mint.refill_one(&h).await {}
+        while mint.refill_one(&h).await.is_some() {}
         assert_eq!(mint.ready(), 3);
         let mut ids = std::collections::HashSet::new();
         for _ in 0..5 {
@@ -291,5 +322,32 @@ mod tests {
         assert_ne!(peer_token("a", ""), peer_token("b", ""));
         assert_ne!(peer_token("a", ""), peer_token("a", "restored-1"));
         assert_eq!(peer_token("a", "").len(), 64);
+    }
+}
+
+#[cfg(test)]
+mod mint_tests {
+    use super::*;
+
+    #[test]
+    fn the_refill_rests_three_times_its_work_only_while_requests_are_served() {
+        let m = CredentialMint::new(4);
+        let took = std::time::Duration::from_millis(40);
+        assert_eq!(
+            m.rest_after(took, 10_000),
+            std::time::Duration::ZERO,
+            "idle"
+        );
+        m.note_foreground(10_000);
+        assert_eq!(
+            m.rest_after(took, 10_100),
+            took * 3,
+            "requests served just now"
+        );
+        assert_eq!(
+            m.rest_after(took, 10_000 + FOREGROUND_WINDOW_MS),
+            std::time::Duration::ZERO,
+            "idle again after the window"
+        );
     }
 }

@@ -199,6 +199,8 @@ async fn authenticate(
     headers: &HeaderMap,
 ) -> Result<String, ApiError> {
     check_id("node_id", node_id)?;
+    // Credentials minted ahead yield the CPU while agents are being served.
+    ctx.mint.note_foreground(now_ms());
     let result = authenticate_inner(ctx, node_id, headers).await;
     if let Err(e) = &result
         && matches!(e.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)

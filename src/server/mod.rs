@@ -702,8 +702,19 @@ async fn return_freed_memory() {
 /// Fill the leader's pool of credentials minted ahead (see [`crate::secrets::CredentialMint`]).
 async fn mint_ahead(ctx: Shared) {
     loop {
-        if !(ctx.consensus.is_leader() && ctx.mint.refill_one(&ctx.hasher).await) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let minted = if ctx.consensus.is_leader() {
+            ctx.mint.refill_one(&ctx.hasher).await
+        } else {
+            None
+        };
+        match minted {
+            Some(took) => {
+                let rest = ctx.mint.rest_after(took, now_ms());
+                if !rest.is_zero() {
+                    tokio::time::sleep(rest).await;
+                }
+            }
+            None => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
 }

@@ -636,16 +636,21 @@ mod tests {
         let per = sample(0).len() + SAMPLE_OVERHEAD;
         // One shard, room for 40 samples: 20 nodes x 10 heartbeats end with about 2 each.
         let budget = 40 * per;
-        let sup = Supervision::start_with(app, 1, budget, 0).await.unwrap();
-        for i in 0..10 {
-            for n in 0..20 {
-                sup.heartbeat(&format!("n{n}"), i, sample(i).into(), false);
+        // `rounds` heartbeats from each of `nodes` nodes, then wait until the shard has them all.
+        let beat = async |sup: &Supervision, nodes: usize, rounds: i64| {
+            for i in 0..rounds {
+                for n in 0..nodes {
+                    sup.heartbeat(&format!("n{n}"), i, sample(i).into(), false);
+                }
             }
-        }
-        wait("all heartbeats", async || {
-            sup.get("n19").await.0.last_heartbeat_ms == Some(9)
-        })
-        .await;
+            let last = format!("n{}", nodes - 1);
+            wait("all heartbeats", async || {
+                sup.get(&last).await.0.last_heartbeat_ms == Some(rounds - 1)
+            })
+            .await;
+        };
+        let sup = Supervision::start_with(app, 1, budget, 0).await.unwrap();
+        beat(&sup, 20, 10).await;
         let mut held = 0;
         for n in 0..20 {
             let (l, _) = sup.get(&format!("n{n}")).await;
@@ -666,15 +671,7 @@ mod tests {
         let sup = Supervision::start_with(app_with_nodes(3), 1, 1, 0)
             .await
             .unwrap();
-        for i in 0..5 {
-            for n in 0..3 {
-                sup.heartbeat(&format!("n{n}"), i, sample(i).into(), false);
-            }
-        }
-        wait("all heartbeats", async || {
-            sup.get("n2").await.0.last_heartbeat_ms == Some(4)
-        })
-        .await;
+        beat(&sup, 3, 5).await;
         for n in 0..3 {
             let (l, _) = sup.get(&format!("n{n}")).await;
             assert_eq!(l.telemetry.len(), 1);

@@ -505,13 +505,13 @@ fn a_new_node_claiming_the_hostname_makes_the_preview_stale() {
     create(&mut s, "t2", 1200);
     enroll(&mut s, "r2", 1201, "t2", "keyB", "nB", "cB").unwrap();
     let e = execute(&mut s, "x1", 1300, "pv1", "nA").unwrap_err();
+    assert_stale(&e, "hostname_conflicts_resolved: was [], now [nB]");
+}
+
+/// A stale-preview refusal that names `change`.
+fn assert_stale(e: &Refusal, change: &str) {
     assert_eq!(e.code, "preview_stale");
-    assert!(
-        e.message
-            .contains("hostname_conflicts_resolved: was [], now [nB]"),
-        "{}",
-        e.message
-    );
+    assert!(e.message.contains(change), "{}", e.message);
 }
 
 #[test]
@@ -674,13 +674,7 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
     // Work placed on the node after the preview makes it stale: the operator never saw it.
     allocate(&mut s, "a0", "n1", &["G2"], None).unwrap();
     let e = execute(&mut s, "x0", 2_001, "pv0", "n1").unwrap_err();
-    assert_eq!(e.code, "preview_stale");
-    assert!(
-        e.message
-            .contains("allocations_to_release: was [a1], now [a0, a1]"),
-        "{}",
-        e.message
-    );
+    assert_stale(&e, "allocations_to_release: was [a1], now [a0, a1]");
     assert_eq!(
         s.sched.allocations.len(),
         2,

@@ -364,6 +364,13 @@ impl Cluster {
         }
     }
 
+    /// The audit trail's events (from the first live member that answers).
+    pub async fn audit_events(&mut self) -> Vec<Value> {
+        let (s, v) = self.admin("GET", "/api/v1/admin/audit", None).await;
+        assert_eq!(s, 200, "{v}");
+        v["events"].as_array().cloned().unwrap_or_default()
+    }
+
     /// An admin call on the first live member that answers.
     pub async fn admin(&mut self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let mut last = (0, Value::Null);

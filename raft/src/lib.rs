@@ -358,7 +358,7 @@ impl<A: Application> Consensus<A> {
 
 /// Ask for a snapshot when at least `every` entries were applied since the last one and the
 /// last build took at most a tenth of the time since (ARCHITECTURE.md, "Snapshot pacing").
-/// Ends when the Raft task has stopped.
+/// Ends when the Raft task has shut down.
 fn pace_snapshots<A: Application>(
     raft: Raft<A>,
     pacing: Arc<state_machine::SnapshotPacing>,
@@ -372,6 +372,9 @@ fn pace_snapshots<A: Application>(
             let since = {
                 let m = raft.metrics();
                 let m = m.borrow_watched();
+                if m.state == ServerState::Shutdown {
+                    return;
+                }
                 let applied = m.last_applied.as_ref().map(|l| l.index() + 1).unwrap_or(0);
                 let covered = m.snapshot.as_ref().map(|l| l.index() + 1).unwrap_or(0);
                 applied.saturating_sub(covered)

@@ -61,7 +61,14 @@ async fn a_stopped_agent_goes_stale_then_offline_and_back_online() {
     let mut a = Agent::new(c.root(), "a", c.urls());
     a.start(Some(&t));
     let (nid, _) = a.wait_enrolled(None).await;
-    let v = wait_status(&c, &nid, "online").await;
+    // Online comes with the first heartbeat's recorded use, which is written before its
+    // telemetry reaches the supervisor: wait for both.
+    let v = wait_until("node online with its first telemetry", WAIT, || async {
+        status(&c, &nid)
+            .await
+            .filter(|v| v["status"] == "online" && !v["telemetry"].is_null())
+    })
+    .await;
     assert_eq!(v["accelerators_verified"], true, "{v}");
     assert_eq!(v["telemetry"]["accelerators"].as_array().unwrap().len(), 2);
     a.stop();

@@ -79,6 +79,10 @@ async fn one(nodes: usize, shards: usize) {
     }
     let fill = t.elapsed();
     let after_state = rss_kib();
+    // What a snapshot costs: apply waits for the whole encode.
+    let t = Instant::now();
+    let snapshot_bytes = app.snapshot().len();
+    let encode = t.elapsed();
     let sup = Supervision::start(app.clone(), shards, 2_000_000)
         .await
         .unwrap();
@@ -98,14 +102,16 @@ async fn one(nodes: usize, shards: usize) {
     let _ = sup.all().await; // every shard has processed its rebuild once it answers this
     let rebuild = t.elapsed();
     println!(
-        "{nodes:>7} nodes, {shards} shards: state {:.0} MiB, + supervisors {:.0} MiB, total RSS {:.0} MiB ({:.1} KiB/node); fill {:.1} s, first build {:.0} ms, rebuild after a leader change {:.0} ms",
+        "{nodes:>7} nodes, {shards} shards: state {:.0} MiB, + supervisors {:.0} MiB, total RSS {:.0} MiB ({:.1} KiB/node); fill {:.1} s, first build {:.0} ms, rebuild after a leader change {:.0} ms; snapshot {:.0} MiB encoded in {:.0} ms",
         (after_state.saturating_sub(base)) as f64 / 1024.0,
         (after_sup.saturating_sub(after_state)) as f64 / 1024.0,
         after_sup as f64 / 1024.0,
         (after_sup.saturating_sub(base)) as f64 / nodes as f64,
         fill.as_secs_f64(),
         first_build.as_secs_f64() * 1000.0,
-        rebuild.as_secs_f64() * 1000.0
+        rebuild.as_secs_f64() * 1000.0,
+        snapshot_bytes as f64 / (1 << 20) as f64,
+        encode.as_secs_f64() * 1000.0
     );
 }
 

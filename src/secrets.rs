@@ -144,8 +144,8 @@ impl Hasher {
 ///
 /// A free argon2 worker is not a free CPU: heartbeats need no argon2 and would share the cores
 /// with a refill running flat out (the benchmark measured heartbeats at half their rate while
-/// the leader re-minted its pool after a burst). While agents or admins were served in the
-/// last [`FOREGROUND_WINDOW_MS`], the refill keeps to [`BUSY_DUTY`] of one core: after each
+/// the leader re-minted its pool after a burst). While agents were served in the last
+/// [`FOREGROUND_WINDOW_MS`], the refill keeps to [`BUSY_DUTY`] of one core: after each
 /// hash it rests three times as long. With nothing to serve it runs at full speed.
 pub struct CredentialMint {
     ready: std::sync::Mutex<Vec<(modelforge_proto::secret::Secret, String)>>,

@@ -1071,7 +1071,8 @@ impl State {
         }
     }
 
-    /// Whether the hostname index matches the nodes (for the tests).
+    /// Whether the hostname index matches the nodes.
+    #[cfg(test)]
     pub fn hostname_index_matches_nodes(&self) -> bool {
         let mut expected: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for n in self.nodes.values().filter(|n| n.enabled) {

@@ -211,7 +211,7 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<C, Cursor<Vec<u8>>>, io::Error> {
-        let _build = self.pacing.started();
+        let build = self.pacing.started();
         let (meta, data) = {
             let applied = self.applied.lock().await;
             // Apply waits for this lock; the encode itself must not hold an async worker.
@@ -234,7 +234,12 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
             tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file).map(|_| file))
                 .await
                 .map_err(io::Error::other)??;
-        tracing::info!(last_log_id = ?meta.last_log_id, bytes = file.data.len(), "built snapshot");
+        tracing::info!(
+            last_log_id = ?meta.last_log_id,
+            bytes = file.data.len(),
+            took_ms = build.started.elapsed().as_millis() as u64,
+            "built snapshot"
+        );
         Ok(SnapshotOf::<C, Cursor<Vec<u8>>> {
             meta,
             snapshot: Cursor::new(file.data),

@@ -49,4 +49,16 @@ fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
         "every member's RSS was read"
     );
     assert!(v["table"].as_array().unwrap().len() >= 12);
+    // Where etcd is installed (CI installs it), its reference is measured, never skipped.
+    if ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+    {
+        for c in [1, 16, 128] {
+            assert!(
+                !v[format!("etcd_{c}_clients")].is_null(),
+                "etcd is installed, yet its {c}-client reference is missing"
+            );
+        }
+    }
 }

@@ -1,25 +1,65 @@
 //! The checker: after the final heal, the history and the cluster's final state must satisfy
-//! the invariants below. Each violation names the operations involved.
+//! the rules below. Each violation names its rule and the operations involved.
+//!
+//! Every rule is decided from evidence, never from a likelihood. The workload makes each write
+//! leave a mark of its own in the replicated state (a token carries the note of the request
+//! that created it, a credential the reason of the request that revoked it and the token it
+//! was issued on), so an unknown outcome is resolved by the exact effect of that request:
+//! - an enrolment attempt (token T, identity K) applied iff the final state holds a credential
+//!   issued on T to the node of K that no acknowledged attempt explains (each applied attempt
+//!   issues exactly one credential, and credentials are never deleted);
+//! - a token creation applied iff a token carries its note;
+//! - a revocation applied iff a credential carries its reason (one that found nothing to
+//!   revoke changed nothing, so it excuses nothing);
+//! - a cancellation applied iff its token is cancelled (only one request ever cancels a token).
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
+use serde::Deserialize;
 use serde::Serialize;
 
 use crate::history::Kind;
 use crate::history::Op;
 use crate::history::Outcome;
 
+pub const ONE_TOKEN: &str = "one token mints at most one node identity";
+pub const ONE_NODE: &str = "every agent identity maps to exactly one node";
+pub const NOT_LOST: &str = "no acknowledged write is lost";
+pub const NOT_UNMADE: &str = "no write appears that nobody made";
+pub const WORKS: &str = "a credential works unless revoked or superseded";
+pub const STAYS_REVOKED: &str = "no credential is accepted after its revocation was acknowledged";
+pub const CONVERGE: &str = "all members converge to identical state";
+
+/// A credential as the final state holds it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FinalCredential {
+    pub node_id: String,
+    pub revoked: bool,
+    pub revoked_reason: Option<String>,
+    /// The enrolment token it was issued on.
+    pub token_id: Option<String>,
+}
+
+/// An enrolment token as the final state holds it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FinalToken {
+    /// pending | claimed | expired | cancelled
+    pub state: String,
+    pub claimed_node_id: Option<String>,
+    pub note: Option<String>,
+}
+
 /// What the cluster holds after the final heal, read back through the admin API.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FinalState {
     /// node id -> identity public key
     pub nodes: BTreeMap<String, String>,
-    /// credential id -> (node id, revoked)
-    pub credentials: BTreeMap<String, (String, bool)>,
-    /// enrolment id -> (state, claimed node id)
-    pub tokens: BTreeMap<String, (String, Option<String>)>,
-    /// member -> (digest, applied index)
+    /// node id -> its credential ids, oldest first
+    pub node_credentials: BTreeMap<String, Vec<String>>,
+    pub credentials: BTreeMap<String, FinalCredential>,
+    pub tokens: BTreeMap<String, FinalToken>,
+    /// member -> (digest, applied index); None when the member did not answer
     pub digests: Vec<Option<(String, u64)>>,
 }
 
@@ -36,20 +76,152 @@ pub struct Resolution {
     pub unknown: usize,
     pub resolved_committed: usize,
     pub resolved_not_committed: usize,
-    pub unresolvable: usize,
+}
+
+/// The history indexed by what the rules look up.
+struct Ix<'a> {
+    ops: &'a [Op],
+    fin: &'a FinalState,
+    /// credential id -> the acknowledged enrolment that issued it
+    acked_cred: BTreeMap<&'a str, &'a Op>,
+    /// (token, identity) -> enrolment attempts whose outcome is unknown
+    unknown_claims: BTreeMap<(&'a str, &'a str), Vec<&'a Op>>,
+    /// (token, identity) -> every enrolment attempt, whatever its outcome
+    claims: BTreeMap<(&'a str, &'a str), Vec<&'a Op>>,
+    /// revocation reason -> the request that gave it
+    revokes: BTreeMap<&'a str, &'a Op>,
+}
+
+impl<'a> Ix<'a> {
+    fn new(ops: &'a [Op], fin: &'a FinalState) -> Self {
+        let mut ix = Ix {
+            ops,
+            fin,
+            acked_cred: BTreeMap::new(),
+            unknown_claims: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            revokes: BTreeMap::new(),
+        };
+        for op in ops {
+            match (&op.kind, &op.outcome) {
+                (
+                    Kind::Enroll {
+                        token_id, identity, ..
+                    },
+                    o,
+                ) => {
+                    let key = (token_id.as_str(), identity.as_str());
+                    ix.claims.entry(key).or_default().push(op);
+                    match o {
+                        Outcome::Ok {
+                            credential_id: Some(c),
+                            ..
+                        } => {
+                            ix.acked_cred.insert(c, op);
+                        }
+                        Outcome::Unknown { .. } => {
+                            ix.unknown_claims.entry(key).or_default().push(op)
+                        }
+                        _ => {}
+                    }
+                }
+                (Kind::Revoke { reason, .. }, _) => {
+                    ix.revokes.insert(reason, op);
+                }
+                _ => {}
+            }
+        }
+        ix
+    }
+
+    fn key_of(&self, node: &str) -> Option<&'a str> {
+        self.fin.nodes.get(node).map(String::as_str)
+    }
+
+    /// The requests that may have issued credential `c`: the acknowledged enrolment that
+    /// returned it, else the unknown attempts on its token by its node's identity.
+    fn creators(&self, c: &str) -> Vec<&'a Op> {
+        if let Some(op) = self.acked_cred.get(c) {
+            return vec![*op];
+        }
+        let Some(cred) = self.fin.credentials.get(c) else {
+            return vec![];
+        };
+        match (cred.token_id.as_deref(), self.key_of(&cred.node_id)) {
+            (Some(t), Some(k)) => self
+                .unknown_claims
+                .get(&(t, k))
+                .cloned()
+                .unwrap_or_default(),
+            _ => vec![],
+        }
+    }
+
+    /// The requests that may have revoked credential `c` (revoked in the final state), or why
+    /// none can have.
+    fn revokers(&self, c: &str) -> Result<Vec<&'a Op>, String> {
+        let cred = &self.fin.credentials[c];
+        let reason = cred.revoked_reason.as_deref().unwrap_or("");
+        if let Some(op) = self.revokes.get(reason) {
+            return match &op.kind {
+                Kind::Revoke { node_id, .. } if *node_id == cred.node_id => Ok(vec![*op]),
+                _ => Err(format!(
+                    "revoked by request {} which named another node",
+                    op.id
+                )),
+            };
+        }
+        if !reason.starts_with("superseded") {
+            return Err(format!(
+                "revoked with reason {reason:?}, which no request gave"
+            ));
+        }
+        // Superseded: by the first credential issued to the node after it (an enrolment
+        // revokes every older credential still active).
+        let own = self
+            .fin
+            .node_credentials
+            .get(&cred.node_id)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let next = own.iter().position(|x| x == c).and_then(|i| own.get(i + 1));
+        match next {
+            None => Err("superseded, yet no newer credential was issued to its node".into()),
+            Some(n) => match self.creators(n) {
+                ops if ops.is_empty() => Err(format!(
+                    "superseded by credential {n}, which no request issued"
+                )),
+                ops => Ok(ops),
+            },
+        }
+    }
 }
 
 pub fn check(ops: &[Op], fin: &FinalState) -> (Vec<Violation>, Resolution) {
+    let ix = Ix::new(ops, fin);
     let mut v = vec![];
     let mut res = Resolution::default();
+    one_token_one_identity(&ix, &mut v);
+    one_identity_one_node(&ix, &mut v);
+    acknowledged_writes_kept(&ix, &mut v);
+    nothing_unmade(&ix, &mut v, &mut res);
+    credentials_work_unless_revoked(&ix, &mut v);
+    revoked_credentials_stay_refused(&ix, &mut v);
+    converged(fin, &mut v);
+    (v, res)
+}
 
-    // Acknowledged enrolments, per token and per identity.
-    let mut by_token: BTreeMap<&str, BTreeSet<(&str, &str)>> = BTreeMap::new();
-    let mut by_identity: BTreeMap<&str, BTreeMap<&str, Vec<u64>>> = BTreeMap::new();
-    // credential -> (node, time its issuing enrolment was acknowledged, op id)
-    let mut issued: BTreeMap<&str, (&str, u64, u64)> = BTreeMap::new();
-    for op in ops {
-        if let (
+fn violation(v: &mut Vec<Violation>, rule: &'static str, detail: String, ops: Vec<u64>) {
+    v.push(Violation { rule, detail, ops });
+}
+
+fn short(key: &str) -> &str {
+    &key[..key.len().min(12)]
+}
+
+fn acked_enrolments(ops: &[Op]) -> impl Iterator<Item = (&Op, &str, &str, &str, &str)> {
+    ops.iter().filter_map(|op| match (&op.kind, &op.outcome) {
+        (
             Kind::Enroll {
                 token_id, identity, ..
             },
@@ -58,104 +230,460 @@ pub fn check(ops: &[Op], fin: &FinalState) -> (Vec<Violation>, Resolution) {
                 credential_id: Some(c),
                 ..
             },
-        ) = (&op.kind, &op.outcome)
-        {
-            by_token.entry(token_id).or_default().insert((n, identity));
-            by_identity
-                .entry(identity)
-                .or_default()
-                .entry(n)
-                .or_default()
-                .push(op.id);
-            issued.insert(c, (n, op.complete_ms, op.id));
-        }
+        ) => Some((
+            op,
+            token_id.as_str(),
+            identity.as_str(),
+            n.as_str(),
+            c.as_str(),
+        )),
+        _ => None,
+    })
+}
+
+/// From the acknowledged answers and from the final state's claims: a token issued credentials
+/// to one node of one identity at most, and that node is the token's claimant.
+fn one_token_one_identity(ix: &Ix, v: &mut Vec<Violation>) {
+    /// The nodes, identities and operations acknowledged on one token.
+    type Minted<'a> = (BTreeSet<&'a str>, BTreeSet<&'a str>, Vec<u64>);
+    let mut by_token: BTreeMap<&str, Minted> = BTreeMap::new();
+    for (op, t, k, n, _) in acked_enrolments(ix.ops) {
+        let e = by_token.entry(t).or_default();
+        e.0.insert(n);
+        e.1.insert(k);
+        e.2.push(op.id);
     }
-    for (token, minted) in &by_token {
-        let nodes: BTreeSet<&str> = minted.iter().map(|(n, _)| *n).collect();
-        let idents: BTreeSet<&str> = minted.iter().map(|(_, i)| *i).collect();
+    for (t, (nodes, idents, ids)) in by_token {
         if nodes.len() > 1 || idents.len() > 1 {
-            let ids = ops
-                .iter()
-                .filter(|o| {
-                    matches!(&o.kind, Kind::Enroll { token_id, .. } if token_id == token)
-                        && matches!(o.outcome, Outcome::Ok { .. })
-                })
-                .map(|o| o.id)
-                .collect();
-            v.push(Violation {
-                rule: "one token mints at most one node identity",
-                detail: format!(
-                    "token {token} minted {nodes:?} for {} identities",
+            violation(
+                v,
+                ONE_TOKEN,
+                format!(
+                    "token {t} was acknowledged for nodes {nodes:?} of {} identities",
                     idents.len()
                 ),
-                ops: ids,
-            });
+                ids,
+            );
         }
     }
-    for (ident, nodes) in &by_identity {
+    let mut issued_on: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for c in ix.fin.credentials.values() {
+        if let Some(t) = &c.token_id {
+            issued_on.entry(t).or_default().insert(&c.node_id);
+        }
+    }
+    for (t, nodes) in &issued_on {
+        let claimant = ix
+            .fin
+            .tokens
+            .get(*t)
+            .and_then(|x| x.claimed_node_id.as_deref());
+        if nodes.len() > 1 || claimant.is_some_and(|n| !nodes.contains(n)) {
+            let ids = ix
+                .ops
+                .iter()
+                .filter(|o| matches!(&o.kind, Kind::Enroll { token_id, .. } if token_id == t))
+                .map(|o| o.id)
+                .collect();
+            violation(
+                v,
+                ONE_TOKEN,
+                format!(
+                    "token {t} issued credentials to nodes {nodes:?} in the final state (claimed by {claimant:?})"
+                ),
+                ids,
+            );
+        }
+    }
+}
+
+fn one_identity_one_node(ix: &Ix, v: &mut Vec<Violation>) {
+    let mut by_identity: BTreeMap<&str, BTreeMap<&str, Vec<u64>>> = BTreeMap::new();
+    for (op, _, k, n, _) in acked_enrolments(ix.ops) {
+        by_identity
+            .entry(k)
+            .or_default()
+            .entry(n)
+            .or_default()
+            .push(op.id);
+    }
+    for (k, nodes) in &by_identity {
         if nodes.len() > 1 {
-            v.push(Violation {
-                rule: "every agent identity maps to exactly one node",
-                detail: format!(
+            violation(
+                v,
+                ONE_NODE,
+                format!(
                     "identity {}… acknowledged on nodes {:?}",
-                    &ident[..ident.len().min(12)],
+                    short(k),
                     nodes.keys().collect::<Vec<_>>()
                 ),
-                ops: nodes.values().flatten().copied().collect(),
-            });
+                nodes.values().flatten().copied().collect(),
+            );
         }
     }
-    let mut final_ident: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (n, k) in &fin.nodes {
-        final_ident.entry(k).or_default().push(n);
+    let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (n, k) in &ix.fin.nodes {
+        owners.entry(k).or_default().push(n);
     }
-    for (k, ns) in &final_ident {
+    for (k, ns) in owners {
         if ns.len() > 1 {
-            v.push(Violation {
-                rule: "every agent identity maps to exactly one node",
-                detail: format!(
+            violation(
+                v,
+                ONE_NODE,
+                format!(
                     "identity {}… owns nodes {ns:?} in the final state",
-                    &k[..k.len().min(12)]
+                    short(k)
                 ),
-                ops: vec![],
-            });
+                vec![],
+            );
+        }
+    }
+}
+
+/// Every acknowledged write is in the final state, exactly as it was acknowledged.
+fn acknowledged_writes_kept(ix: &Ix, v: &mut Vec<Violation>) {
+    let fin = ix.fin;
+    for op in ix.ops {
+        let mut lost = |detail: String| violation(v, NOT_LOST, detail, vec![op.id]);
+        match (&op.kind, &op.outcome) {
+            (
+                Kind::CreateToken { note },
+                Outcome::Ok {
+                    token_id: Some(t), ..
+                },
+            ) => match fin.tokens.get(t) {
+                None => lost(format!("token {t} was acknowledged but is gone")),
+                Some(x) if x.note.as_deref() != Some(note) => lost(format!(
+                    "token {t} was created with note {note:?} but holds {:?}",
+                    x.note
+                )),
+                Some(_) => {}
+            },
+            (Kind::CancelToken { token_id }, Outcome::Ok { .. }) => {
+                let state = fin.tokens.get(token_id).map(|x| x.state.as_str());
+                if state != Some("cancelled") {
+                    lost(format!("token {token_id} was cancelled but is {state:?}"));
+                }
+            }
+            (Kind::Revoke { reason, .. }, Outcome::Ok { revoked, .. }) => {
+                for c in revoked {
+                    match fin.credentials.get(c) {
+                        Some(x) if x.revoked && x.revoked_reason.as_deref() == Some(reason) => {}
+                        Some(x) if x.revoked => lost(format!(
+                            "credential {c} was revoked by this request, yet holds the reason {:?}",
+                            x.revoked_reason
+                        )),
+                        Some(_) => lost(format!("credential {c} was revoked but is active")),
+                        None => lost(format!("credential {c} was revoked but is gone")),
+                    }
+                }
+            }
+            (
+                Kind::Enroll {
+                    token_id, identity, ..
+                },
+                Outcome::Ok {
+                    node_id: Some(n),
+                    credential_id: Some(c),
+                    ..
+                },
+            ) => {
+                match fin.nodes.get(n) {
+                    None => lost(format!("node {n} is gone")),
+                    Some(k) if k != identity => lost(format!(
+                        "node {n} was enrolled by identity {}… but holds {}…",
+                        short(identity),
+                        short(k)
+                    )),
+                    Some(_) => {}
+                }
+                match fin.credentials.get(c) {
+                    None => lost(format!("credential {c} of node {n} is gone")),
+                    Some(x) if x.node_id != *n => {
+                        lost(format!("credential {c} belongs to {}, not {n}", x.node_id))
+                    }
+                    Some(x) if x.token_id.as_deref() != Some(token_id) => lost(format!(
+                        "credential {c} was issued on token {token_id} but records {:?}",
+                        x.token_id
+                    )),
+                    Some(_) => {}
+                }
+                let claim = fin.tokens.get(token_id);
+                if claim.and_then(|x| x.claimed_node_id.as_deref()) != Some(n.as_str()) {
+                    lost(format!(
+                        "token {token_id} was claimed by node {n} but is {:?}",
+                        claim.map(|x| (&x.state, &x.claimed_node_id))
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Every node, credential, token, cancellation and claim in the final state was made by a
+/// request of the history: acknowledged, or unknown and resolved as applied by its exact effect.
+fn nothing_unmade(ix: &Ix, v: &mut Vec<Violation>, res: &mut Resolution) {
+    let fin = ix.fin;
+    let mut unmade = |detail: String, ops: Vec<u64>| violation(v, NOT_UNMADE, detail, ops);
+
+    for (n, k) in &fin.nodes {
+        let made = ix.ops.iter().any(|op| match (&op.kind, &op.outcome) {
+            (Kind::Enroll { identity, .. }, Outcome::Ok { node_id, .. }) => {
+                identity == k && node_id.as_deref() == Some(n)
+            }
+            (Kind::Enroll { identity, .. }, Outcome::Unknown { .. }) => identity == k,
+            _ => false,
+        });
+        if !made {
+            unmade(
+                format!(
+                    "node {n} of identity {}… was made by no enrolment",
+                    short(k)
+                ),
+                vec![],
+            );
         }
     }
 
-    // When each credential was certainly dead: an acknowledged revoke naming it, or an
-    // acknowledged enrolment of the same node issuing a newer one.
-    let mut dead_since: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    let note_dead = |c: &str, at: u64, op: u64, d: &mut BTreeMap<String, (u64, u64)>| {
-        let e = d.entry(c.to_string()).or_insert((at, op));
-        if at < e.0 {
-            *e = (at, op);
+    // Credentials, grouped by the claim (token, identity) that issued them.
+    let mut extra: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for (c, cred) in &fin.credentials {
+        if ix.acked_cred.contains_key(c.as_str()) {
+            continue;
         }
-    };
-    let mut dead: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for op in ops {
-        if let (Kind::Revoke { .. }, Outcome::Ok { revoked, .. }) = (&op.kind, &op.outcome) {
-            for c in revoked {
-                note_dead(c, op.complete_ms, op.id, &mut dead);
+        match (cred.token_id.as_deref(), ix.key_of(&cred.node_id)) {
+            (Some(t), Some(k)) => extra.entry((t, k)).or_default().push(c),
+            _ => unmade(
+                format!(
+                    "credential {c} of node {} names no token or no known node",
+                    cred.node_id
+                ),
+                vec![],
+            ),
+        }
+    }
+    for (key, unknown) in &ix.unknown_claims {
+        res.unknown += unknown.len();
+        let applied = extra.get(key).map_or(0, Vec::len).min(unknown.len());
+        res.resolved_committed += applied;
+        res.resolved_not_committed += unknown.len() - applied;
+    }
+    for ((t, k), creds) in &extra {
+        let unknown = ix.unknown_claims.get(&(*t, *k)).map_or(0, Vec::len);
+        if creds.len() > unknown {
+            unmade(
+                format!(
+                    "{} credentials {creds:?} were issued on token {t} to identity {}…, but only {unknown} attempts of that claim have an unknown outcome",
+                    creds.len(),
+                    short(k)
+                ),
+                ix.claims
+                    .get(&(*t, *k))
+                    .into_iter()
+                    .flatten()
+                    .map(|o| o.id)
+                    .collect(),
+            );
+        }
+    }
+
+    // Tokens: each carries the note of the request that created it.
+    let mut notes: BTreeMap<&str, &Op> = BTreeMap::new();
+    for op in ix.ops {
+        if let Kind::CreateToken { note } = &op.kind {
+            notes.insert(note, op);
+        }
+    }
+    for op in ix.ops {
+        if let (Kind::CreateToken { note }, Outcome::Unknown { .. }) = (&op.kind, &op.outcome) {
+            res.unknown += 1;
+            if fin.tokens.values().any(|x| x.note.as_deref() == Some(note)) {
+                res.resolved_committed += 1;
+            } else {
+                res.resolved_not_committed += 1;
             }
         }
-        if let Outcome::Ok {
-            node_id: Some(n),
-            credential_id: Some(newc),
-            ..
-        } = &op.outcome
-            && matches!(op.kind, Kind::Enroll { .. })
+    }
+    for (t, tok) in &fin.tokens {
+        let creator = tok.note.as_deref().and_then(|n| notes.get(n));
+        let made = creator.is_some_and(|op| match &op.outcome {
+            Outcome::Ok { token_id, .. } => token_id.as_deref() == Some(t),
+            Outcome::Unknown { .. } => true,
+            Outcome::Failed { .. } => false,
+        });
+        if !made {
+            unmade(
+                format!("token {t} (note {:?}) was made by no request", tok.note),
+                creator.map(|o| vec![o.id]).unwrap_or_default(),
+            );
+        }
+        if tok.state == "cancelled"
+            && !ix.ops.iter().any(|op| {
+                matches!(&op.kind, Kind::CancelToken { token_id } if token_id == t)
+                    && !matches!(op.outcome, Outcome::Failed { .. })
+            })
         {
-            for (c, (cn, at, _)) in &issued {
-                if cn == n && c != newc && *at < op.complete_ms {
-                    note_dead(c, op.complete_ms, op.id, &mut dead);
+            unmade(
+                format!("token {t} is cancelled, yet no request cancelled it"),
+                vec![],
+            );
+        }
+        if let Some(n) = &tok.claimed_node_id {
+            let claimed = ix
+                .key_of(n)
+                .is_some_and(|k| ix.claims.contains_key(&(t.as_str(), k)));
+            if !claimed {
+                unmade(
+                    format!(
+                        "token {t} is claimed by node {n}, yet that node's identity never used it"
+                    ),
+                    vec![],
+                );
+            }
+        }
+    }
+    for op in ix.ops {
+        if let (Kind::CancelToken { token_id }, Outcome::Unknown { .. }) = (&op.kind, &op.outcome) {
+            res.unknown += 1;
+            if fin
+                .tokens
+                .get(token_id)
+                .is_some_and(|x| x.state == "cancelled")
+            {
+                res.resolved_committed += 1;
+            } else {
+                res.resolved_not_committed += 1;
+            }
+        }
+        if let (Kind::Revoke { reason, .. }, Outcome::Unknown { .. }) = (&op.kind, &op.outcome) {
+            res.unknown += 1;
+            if fin
+                .credentials
+                .values()
+                .any(|x| x.revoked_reason.as_deref() == Some(reason))
+            {
+                res.resolved_committed += 1;
+            } else {
+                res.resolved_not_committed += 1;
+            }
+        }
+    }
+}
+
+/// A credential is refused only once a request revoked or superseded it: every revoked
+/// credential has such a request (acknowledged, or unknown and resolved as applied), and every
+/// 401 seen during the run came after that request was made. A node's own credential never gets
+/// 403.
+fn credentials_work_unless_revoked(ix: &Ix, v: &mut Vec<Violation>) {
+    let mut cause: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for (c, cred) in &ix.fin.credentials {
+        if !cred.revoked {
+            continue;
+        }
+        match ix.revokers(c) {
+            Ok(ops) => {
+                cause.insert(c, ops);
+            }
+            Err(why) => violation(
+                v,
+                WORKS,
+                format!("credential {c} of node {}: {why}", cred.node_id),
+                ix.acked_cred
+                    .get(c.as_str())
+                    .map(|o| vec![o.id])
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+    for op in ix.ops {
+        let (
+            Kind::Heartbeat {
+                credential_id: c,
+                member,
+                ..
+            },
+            Outcome::Failed { status, code },
+        ) = (&op.kind, &op.outcome)
+        else {
+            continue;
+        };
+        let refused = format!(
+            "credential {c} got {status} {code} from member {} at {} ms",
+            member + 1,
+            op.complete_ms
+        );
+        match (*status, ix.fin.credentials.get(c.as_str())) {
+            (403, _) => violation(
+                v,
+                WORKS,
+                format!("{refused}: its own node's credential"),
+                vec![op.id],
+            ),
+            (401, None) => violation(v, WORKS, format!("{refused}, and it is gone"), vec![op.id]),
+            (401, Some(x)) if !x.revoked => violation(
+                v,
+                WORKS,
+                format!("{refused}, yet nobody revoked or superseded it"),
+                vec![op.id],
+            ),
+            (401, Some(_)) => {
+                if let Some(ops) = cause.get(c.as_str()) {
+                    let first = ops.iter().map(|o| o.invoke_ms).min().unwrap_or(u64::MAX);
+                    if first > op.complete_ms {
+                        let mut ids: Vec<u64> = ops.iter().map(|o| o.id).collect();
+                        ids.push(op.id);
+                        violation(
+                            v,
+                            WORKS,
+                            format!(
+                                "{refused}, before the request that revoked it was made (at {first} ms)"
+                            ),
+                            ids,
+                        );
+                    }
                 }
             }
+            _ => {}
         }
     }
-    for (c, x) in &dead {
-        dead_since.insert(c.as_str(), *x);
+}
+
+/// Once a revocation (or a superseding enrolment) was acknowledged, no member accepts the
+/// credential again.
+fn revoked_credentials_stay_refused(ix: &Ix, v: &mut Vec<Violation>) {
+    fn note<'a>(dead: &mut BTreeMap<&'a str, (u64, u64)>, c: &'a str, op: &Op) {
+        let e = dead.entry(c).or_insert((op.complete_ms, op.id));
+        if op.complete_ms < e.0 {
+            *e = (op.complete_ms, op.id);
+        }
     }
-    for op in ops {
+    let mut dead: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for op in ix.ops {
+        if let (Kind::Revoke { .. }, Outcome::Ok { revoked, .. }) = (&op.kind, &op.outcome) {
+            for c in revoked {
+                note(&mut dead, c, op);
+            }
+        }
+    }
+    let acked: Vec<_> = acked_enrolments(ix.ops).collect();
+    for (op, _, _, n, newc) in &acked {
+        for (older, _, _, on, oldc) in &acked {
+            if on == n && oldc != newc && older.complete_ms < op.complete_ms {
+                note(&mut dead, oldc, op);
+            }
+        }
+    }
+    for c in ix.fin.credentials.keys() {
+        if ix.fin.credentials[c].revoked
+            && let Ok(ops) = ix.revokers(c)
+            && let [op] = ops.as_slice()
+            && matches!(op.outcome, Outcome::Ok { .. })
+        {
+            note(&mut dead, c, op);
+        }
+    }
+    for op in ix.ops {
         if let (
             Kind::Heartbeat {
                 credential_id,
@@ -164,413 +692,42 @@ pub fn check(ops: &[Op], fin: &FinalState) -> (Vec<Violation>, Resolution) {
             },
             Outcome::Ok { .. },
         ) = (&op.kind, &op.outcome)
-            && let Some((at, by)) = dead_since.get(credential_id.as_str())
+            && let Some((at, by)) = dead.get(credential_id.as_str())
             && op.invoke_ms > *at
         {
-            v.push(Violation {
-                rule: "no credential is accepted after its revocation was acknowledged",
-                detail: format!("credential {credential_id} got 200 from member {} at {} ms, dead since {at} ms", member + 1, op.invoke_ms),
-                ops: vec![*by, op.id],
-            });
+            violation(
+                v,
+                STAYS_REVOKED,
+                format!(
+                    "credential {credential_id} got 200 from member {} at {} ms, dead since {at} ms",
+                    member + 1,
+                    op.invoke_ms
+                ),
+                vec![*by, op.id],
+            );
         }
     }
-
-    // No acknowledged write lost; unknown outcomes resolved by reading back.
-    for op in ops {
-        match (&op.kind, &op.outcome) {
-            (
-                Kind::CreateToken,
-                Outcome::Ok {
-                    token_id: Some(t), ..
-                },
-            ) if !fin.tokens.contains_key(t) => v.push(Violation {
-                rule: "no acknowledged write is lost",
-                detail: format!("token {t} was acknowledged but is gone"),
-                ops: vec![op.id],
-            }),
-            (Kind::CancelToken { token_id }, Outcome::Ok { .. })
-                if fin
-                    .tokens
-                    .get(token_id)
-                    .is_none_or(|(s, _)| s != "cancelled") =>
-            {
-                v.push(Violation {
-                    rule: "no acknowledged write is lost",
-                    detail: format!(
-                        "token {token_id} was cancelled but is {:?}",
-                        fin.tokens.get(token_id)
-                    ),
-                    ops: vec![op.id],
-                })
-            }
-            (Kind::Revoke { .. }, Outcome::Ok { revoked, .. }) => {
-                for c in revoked {
-                    if fin.credentials.get(c).is_none_or(|(_, r)| !r) {
-                        v.push(Violation {
-                            rule: "no acknowledged write is lost",
-                            detail: format!("credential {c} was revoked but is active"),
-                            ops: vec![op.id],
-                        });
-                    }
-                }
-            }
-            (
-                Kind::Enroll { .. },
-                Outcome::Ok {
-                    node_id: Some(n),
-                    credential_id: Some(c),
-                    ..
-                },
-            ) => {
-                if !fin.nodes.contains_key(n) {
-                    v.push(Violation {
-                        rule: "every acknowledged enrolment's node exists",
-                        detail: format!("node {n} is gone"),
-                        ops: vec![op.id],
-                    });
-                }
-                match fin.credentials.get(c) {
-                    None => v.push(Violation {
-                        rule: "no acknowledged write is lost",
-                        detail: format!("credential {c} of node {n} is gone"),
-                        ops: vec![op.id],
-                    }),
-                    Some((cn, revoked)) => {
-                        if cn != n {
-                            v.push(Violation {
-                                rule: "no acknowledged write is lost",
-                                detail: format!("credential {c} belongs to {cn}, not {n}"),
-                                ops: vec![op.id],
-                            });
-                        }
-                        if *revoked
-                            && !dead_since.contains_key(c.as_str())
-                            && !has_later_claim_or_revoke(ops, op, n)
-                        {
-                            v.push(Violation {
-                                rule: "an acknowledged enrolment's credential works unless revoked or superseded",
-                                detail: format!("credential {c} of node {n} is revoked, yet nothing acknowledged or attempted revoked it"),
-                                ops: vec![op.id],
-                            });
-                        }
-                    }
-                }
-            }
-            (Kind::Enroll { identity, .. }, Outcome::Unknown { .. }) => {
-                res.unknown += 1;
-                if fin.nodes.values().any(|k| k == identity) {
-                    res.resolved_committed += 1;
-                } else {
-                    res.resolved_not_committed += 1;
-                }
-            }
-            (Kind::CancelToken { token_id }, Outcome::Unknown { .. }) => {
-                res.unknown += 1;
-                match fin.tokens.get(token_id) {
-                    Some((s, _)) if s == "cancelled" => res.resolved_committed += 1,
-                    Some(_) => res.resolved_not_committed += 1,
-                    None => res.unresolvable += 1,
-                }
-            }
-            (Kind::CreateToken | Kind::Revoke { .. }, Outcome::Unknown { .. }) => {
-                // Resolved in aggregate below (the id of an unacknowledged token is unknown to
-                // the client; an unknown revoke is read back through the credentials).
-                res.unknown += 1;
-                res.unresolvable += 1;
-            }
-            _ => {}
-        }
-    }
-    // Tokens in the final state that no acknowledged CreateToken produced must be accounted for
-    // by unknown ones.
-    let acked: BTreeSet<&str> = ops
-        .iter()
-        .filter_map(|o| match (&o.kind, &o.outcome) {
-            (
-                Kind::CreateToken,
-                Outcome::Ok {
-                    token_id: Some(t), ..
-                },
-            ) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect();
-    let unknown_creates = ops
-        .iter()
-        .filter(|o| {
-            matches!(o.kind, Kind::CreateToken) && matches!(o.outcome, Outcome::Unknown { .. })
-        })
-        .count();
-    let extra = fin
-        .tokens
-        .keys()
-        .filter(|t| !acked.contains(t.as_str()))
-        .count();
-    if extra > unknown_creates {
-        v.push(Violation { rule: "no write appears that nobody made", detail: format!("{extra} tokens exist that no acknowledged or unknown create explains ({unknown_creates} unknown)"), ops: vec![] });
-    }
-
-    // Convergence.
-    let live: Vec<&(String, u64)> = fin.digests.iter().flatten().collect();
-    if live.len() != fin.digests.len() {
-        v.push(Violation {
-            rule: "all members converge to identical state",
-            detail: "a member did not report its digest".into(),
-            ops: vec![],
-        });
-    } else if live.windows(2).any(|w| w[0] != w[1]) {
-        v.push(Violation {
-            rule: "all members converge to identical state",
-            detail: format!("digests differ: {live:?}"),
-            ops: vec![],
-        });
-    }
-    (v, res)
 }
 
-/// Whether a revoke of node `n`, or a later enrolment onto `n`, was at least attempted after `op`.
-fn has_later_claim_or_revoke(ops: &[Op], op: &Op, n: &str) -> bool {
-    ops.iter().any(|o| {
-        o.invoke_ms + 1 >= op.invoke_ms
-            && o.id != op.id
-            && match (&o.kind, &o.outcome) {
-                (Kind::Revoke { node_id }, _) => node_id == n,
-                (
-                    Kind::Enroll { .. },
-                    Outcome::Ok {
-                        node_id: Some(x), ..
-                    },
-                ) => x == n,
-                (Kind::Enroll { identity, .. }, _) => {
-                    matches!(&op.kind, Kind::Enroll { identity: i, .. } if i == identity)
-                }
-                _ => false,
-            }
-    })
+fn converged(fin: &FinalState, v: &mut Vec<Violation>) {
+    let silent: Vec<usize> = (0..fin.digests.len())
+        .filter(|i| fin.digests[*i].is_none())
+        .map(|i| i + 1)
+        .collect();
+    let live: Vec<&(String, u64)> = fin.digests.iter().flatten().collect();
+    if fin.digests.is_empty() {
+        violation(v, CONVERGE, "no member reported its digest".into(), vec![]);
+    } else if !silent.is_empty() {
+        violation(
+            v,
+            CONVERGE,
+            format!("members {silent:?} did not report their digest"),
+            vec![],
+        );
+    } else if live.windows(2).any(|w| w[0] != w[1]) {
+        violation(v, CONVERGE, format!("digests differ: {live:?}"), vec![]);
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn op(id: u64, t0: u64, t1: u64, kind: Kind, outcome: Outcome) -> Op {
-        Op {
-            id,
-            client: "t".into(),
-            invoke_ms: t0,
-            complete_ms: t1,
-            kind,
-            outcome,
-        }
-    }
-
-    fn enrolled(node: &str, cred: &str) -> Outcome {
-        Outcome::Ok {
-            token_id: None,
-            node_id: Some(node.into()),
-            credential_id: Some(cred.into()),
-            revoked: vec![],
-        }
-    }
-
-    fn created() -> Op {
-        op(
-            99,
-            0,
-            1,
-            Kind::CreateToken,
-            Outcome::Ok {
-                token_id: Some("t1".into()),
-                node_id: None,
-                credential_id: None,
-                revoked: vec![],
-            },
-        )
-    }
-
-    fn base_state() -> FinalState {
-        let mut f = FinalState::default();
-        f.nodes.insert("n1".into(), "k1".into());
-        f.credentials.insert("c1".into(), ("n1".into(), true));
-        f.tokens
-            .insert("t1".into(), ("claimed".into(), Some("n1".into())));
-        f.digests = vec![Some(("d".into(), 9)), Some(("d".into(), 9))];
-        f
-    }
-
-    #[test]
-    fn a_clean_history_passes() {
-        let ops = vec![
-            created(),
-            op(
-                0,
-                0,
-                10,
-                Kind::Enroll {
-                    token_id: "t1".into(),
-                    identity: "k1".into(),
-                    attempt: 0,
-                },
-                enrolled("n1", "c1"),
-            ),
-            op(
-                1,
-                11,
-                12,
-                Kind::Heartbeat {
-                    node_id: "n1".into(),
-                    credential_id: "c1".into(),
-                    member: 0,
-                },
-                Outcome::ok(),
-            ),
-            op(
-                2,
-                20,
-                30,
-                Kind::Revoke {
-                    node_id: "n1".into(),
-                },
-                Outcome::Ok {
-                    token_id: None,
-                    node_id: None,
-                    credential_id: None,
-                    revoked: vec!["c1".into()],
-                },
-            ),
-            op(
-                3,
-                31,
-                32,
-                Kind::Heartbeat {
-                    node_id: "n1".into(),
-                    credential_id: "c1".into(),
-                    member: 1,
-                },
-                Outcome::Failed {
-                    status: 401,
-                    code: "credential_revoked".into(),
-                },
-            ),
-        ];
-        let (v, _) = check(&ops, &base_state());
-        assert!(v.is_empty(), "{v:?}");
-    }
-
-    #[test]
-    fn catches_a_revoked_credential_accepted() {
-        let ops = vec![
-            created(),
-            op(
-                0,
-                0,
-                10,
-                Kind::Enroll {
-                    token_id: "t1".into(),
-                    identity: "k1".into(),
-                    attempt: 0,
-                },
-                enrolled("n1", "c1"),
-            ),
-            op(
-                1,
-                20,
-                30,
-                Kind::Revoke {
-                    node_id: "n1".into(),
-                },
-                Outcome::Ok {
-                    token_id: None,
-                    node_id: None,
-                    credential_id: None,
-                    revoked: vec!["c1".into()],
-                },
-            ),
-            // A cut-off old leader said 200 after the revocation was acknowledged.
-            op(
-                2,
-                31,
-                32,
-                Kind::Heartbeat {
-                    node_id: "n1".into(),
-                    credential_id: "c1".into(),
-                    member: 2,
-                },
-                Outcome::ok(),
-            ),
-        ];
-        let (v, _) = check(&ops, &base_state());
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert_eq!(
-            v[0].rule,
-            "no credential is accepted after its revocation was acknowledged"
-        );
-        assert_eq!(v[0].ops, vec![1, 2]);
-    }
-
-    #[test]
-    fn catches_a_token_that_minted_two_nodes() {
-        let mut f = base_state();
-        f.nodes.insert("n2".into(), "k2".into());
-        f.credentials.insert("c2".into(), ("n2".into(), false));
-        let ops = vec![
-            op(
-                0,
-                0,
-                10,
-                Kind::Enroll {
-                    token_id: "t1".into(),
-                    identity: "k1".into(),
-                    attempt: 0,
-                },
-                enrolled("n1", "c1"),
-            ),
-            op(
-                1,
-                0,
-                11,
-                Kind::Enroll {
-                    token_id: "t1".into(),
-                    identity: "k2".into(),
-                    attempt: 0,
-                },
-                enrolled("n2", "c2"),
-            ),
-        ];
-        let (v, _) = check(&ops, &f);
-        assert!(
-            v.iter()
-                .any(|x| x.rule == "one token mints at most one node identity"
-                    && x.ops == vec![0, 1]),
-            "{v:?}"
-        );
-    }
-
-    #[test]
-    fn catches_lost_writes_and_divergence() {
-        let mut f = base_state();
-        f.digests = vec![Some(("a".into(), 9)), Some(("b".into(), 9))];
-        let ops = vec![op(
-            0,
-            0,
-            10,
-            Kind::CreateToken,
-            Outcome::Ok {
-                token_id: Some("t9".into()),
-                node_id: None,
-                credential_id: None,
-                revoked: vec![],
-            },
-        )];
-        let (v, _) = check(&ops, &f);
-        assert!(
-            v.iter().any(|x| x.rule == "no acknowledged write is lost"),
-            "{v:?}"
-        );
-        assert!(
-            v.iter()
-                .any(|x| x.rule == "all members converge to identical state"),
-            "{v:?}"
-        );
-    }
-}
+mod tests;

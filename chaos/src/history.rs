@@ -8,7 +8,11 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Kind {
-    CreateToken,
+    /// `note` is unique per request: the created token carries it, so an unknown outcome is
+    /// resolved by reading the note back.
+    CreateToken {
+        note: String,
+    },
     CancelToken {
         token_id: String,
     },
@@ -18,8 +22,11 @@ pub enum Kind {
         identity: String,
         attempt: u32,
     },
+    /// `reason` is unique per request: every credential it revoked carries it as its
+    /// `revoked_reason`, so the exact effect of the request is read back from the final state.
     Revoke {
         node_id: String,
+        reason: String,
     },
     Heartbeat {
         node_id: String,

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::checker::FinalCredential;
 use crate::checker::FinalState;
+use crate::checker::FinalToken;
 use crate::checker::Resolution;
 use crate::checker::Violation;
 use crate::cluster::ChaosCluster;
@@ -105,24 +107,202 @@ pub struct RunReport {
     pub seed: u64,
     pub members: usize,
     pub operations: usize,
-    pub enrolments_acknowledged: usize,
-    pub enrolment_retries: usize,
-    pub heartbeats: usize,
+    pub exercised: Exercised,
     pub faults: Vec<FaultRecord>,
-    pub leader_kills: usize,
-    pub leader_kills_mid_enrolment: usize,
-    pub partitions: usize,
-    pub pauses: usize,
     pub resolution: Resolution,
     pub violations: Vec<Violation>,
     pub replay: String,
 }
 
+/// How often the run produced each event the checker's rules depend on: a rule that was never
+/// exercised proved nothing, so a profile sets a floor for each (`Exercised::shortfalls`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Exercised {
+    pub enrolments_acknowledged: usize,
+    pub enrolment_retries: usize,
+    pub enrolments_unknown: usize,
+    pub heartbeats: usize,
+    /// Revocations acknowledged with at least one credential revoked.
+    pub revocations_acknowledged: usize,
+    /// Heartbeats sent with a credential after its revocation was acknowledged.
+    pub heartbeats_after_revocation: usize,
+    pub leader_kills: usize,
+    pub leader_kills_mid_enrolment: usize,
+    pub partitions: usize,
+    pub pauses: usize,
+}
+
+impl Exercised {
+    pub fn count(ops: &[history::Op], faults: &[FaultRecord]) -> Self {
+        use history::Kind;
+        use history::Outcome;
+        let mut e = Exercised::default();
+        // credential -> when its revocation was first acknowledged
+        let mut revoked_at: std::collections::BTreeMap<&str, u64> = Default::default();
+        for op in ops {
+            match (&op.kind, &op.outcome) {
+                (Kind::Enroll { attempt, .. }, o) => {
+                    e.enrolment_retries += usize::from(*attempt > 0);
+                    match o {
+                        Outcome::Ok { .. } => e.enrolments_acknowledged += 1,
+                        Outcome::Unknown { .. } => e.enrolments_unknown += 1,
+                        Outcome::Failed { .. } => {}
+                    }
+                }
+                (Kind::Revoke { .. }, Outcome::Ok { revoked, .. }) if !revoked.is_empty() => {
+                    e.revocations_acknowledged += 1;
+                    for c in revoked {
+                        let at = revoked_at.entry(c).or_insert(op.complete_ms);
+                        *at = (*at).min(op.complete_ms);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for op in ops {
+            if let Kind::Heartbeat { credential_id, .. } = &op.kind {
+                e.heartbeats += 1;
+                e.heartbeats_after_revocation += usize::from(
+                    revoked_at
+                        .get(credential_id.as_str())
+                        .is_some_and(|at| op.invoke_ms > *at),
+                );
+            }
+        }
+        let installed = |kind: &'static str| {
+            faults
+                .iter()
+                .filter(move |f| f.kind == kind && f.status == "installed")
+        };
+        e.leader_kills = installed("kill-leader").count();
+        e.leader_kills_mid_enrolment = installed("kill-leader")
+            .filter(|f| f.enrolments_in_flight > 0)
+            .count();
+        e.partitions = installed("partition-leader").count();
+        e.pauses = installed("pause-leader").count();
+        e
+    }
+
+    /// Every count below its floor in `min`, named: empty when the run exercised enough.
+    pub fn shortfalls(&self, min: &Exercised) -> Vec<String> {
+        let pairs = [
+            (
+                "enrolments acknowledged",
+                self.enrolments_acknowledged,
+                min.enrolments_acknowledged,
+            ),
+            (
+                "enrolment retries",
+                self.enrolment_retries,
+                min.enrolment_retries,
+            ),
+            (
+                "enrolments with an unknown outcome",
+                self.enrolments_unknown,
+                min.enrolments_unknown,
+            ),
+            ("heartbeats", self.heartbeats, min.heartbeats),
+            (
+                "revocations acknowledged",
+                self.revocations_acknowledged,
+                min.revocations_acknowledged,
+            ),
+            (
+                "heartbeats after an acknowledged revocation",
+                self.heartbeats_after_revocation,
+                min.heartbeats_after_revocation,
+            ),
+            ("leader kills", self.leader_kills, min.leader_kills),
+            (
+                "leader kills mid-enrolment",
+                self.leader_kills_mid_enrolment,
+                min.leader_kills_mid_enrolment,
+            ),
+            ("partitions", self.partitions, min.partitions),
+            ("pauses", self.pauses, min.pauses),
+        ];
+        pairs
+            .into_iter()
+            .filter(|(_, got, floor)| got < floor)
+            .map(|(what, got, floor)| format!("{what}: {got}, needs {floor}"))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Exercised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "enrolments {} (retries {}, unknown {}), heartbeats {} ({} after a revocation), revocations {}, leader kills {} ({} mid-enrolment), pauses {}, partitions {}",
+            self.enrolments_acknowledged,
+            self.enrolment_retries,
+            self.enrolments_unknown,
+            self.heartbeats,
+            self.heartbeats_after_revocation,
+            self.revocations_acknowledged,
+            self.leader_kills,
+            self.leader_kills_mid_enrolment,
+            self.pauses,
+            self.partitions
+        )
+    }
+}
+
+/// The file that marks a work dir as made by this harness: only such a dir is ever removed.
+const WORK_DIR_MARK: &str = ".modelforge-chaos-work-dir";
+
+/// Make `dir` an empty work dir. An existing dir is emptied only if this harness made it (a
+/// replay must not inherit an earlier run's state, and `--work-dir` must never wipe a dir that
+/// holds anything else).
+pub fn prepare_work_dir(dir: &std::path::Path) -> Result<(), HarnessError> {
+    let fail = |e: std::io::Error| HarnessError(format!("work dir {}: {e}", dir.display()));
+    if dir.exists() {
+        let mine = dir.join(WORK_DIR_MARK).exists();
+        let empty = std::fs::read_dir(dir).map_err(fail)?.next().is_none();
+        if !mine && !empty {
+            return Err(HarnessError(format!(
+                "work dir {} exists and was not made by modelforge-chaos; refusing to empty it",
+                dir.display()
+            )));
+        }
+        if mine {
+            std::fs::remove_dir_all(dir).map_err(fail)?;
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    std::fs::write(dir.join(WORK_DIR_MARK), b"").map_err(fail)
+}
+
+/// Remove a work dir made by `prepare_work_dir`, and nothing else.
+pub fn remove_work_dir(dir: &std::path::Path) {
+    if dir.join(WORK_DIR_MARK).exists() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Wait for every workload task. One that panicked stopped producing the events the rules are
+/// checked on, so the run is harness trouble, never a pass.
+pub async fn join_workload(tasks: Vec<tokio::task::JoinHandle<()>>) -> Result<(), HarnessError> {
+    let mut died = vec![];
+    for t in tasks {
+        if let Err(e) = t.await {
+            died.push(e.to_string());
+        }
+    }
+    if died.is_empty() {
+        Ok(())
+    } else {
+        Err(HarnessError(format!(
+            "{} workload task(s) died: {}",
+            died.len(),
+            died.join("; ")
+        )))
+    }
+}
+
 /// Run one chaos profile; `Err` is harness trouble, never a verdict on the system.
 pub async fn run(cfg: &RunConfig) -> Result<RunReport, HarnessError> {
-    // A run starts from empty data dirs (a replay must not inherit an earlier run's state).
-    let _ = std::fs::remove_dir_all(&cfg.work_dir);
-    std::fs::create_dir_all(&cfg.work_dir).map_err(|e| HarnessError(format!("work dir: {e}")))?;
+    prepare_work_dir(&cfg.work_dir)?;
     let extra = vec!["--touch-interval".to_string(), "1s".to_string()];
     let mut cluster =
         ChaosCluster::start(&cfg.server_bin, &cfg.work_dir, cfg.members, &extra).await?;
@@ -153,10 +333,9 @@ pub async fn run(cfg: &RunConfig) -> Result<RunReport, HarnessError> {
     }
     let faults = nemesis::run(&mut cluster, &shared, cfg, &mut rng).await;
     shared.stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        let _ = t.await;
-    }
+    let joined = join_workload(tasks).await;
     let faults = faults?;
+    joined?;
 
     // Final heal: every member up, unpaused, connected; then wait for convergence.
     cluster.heal();
@@ -180,7 +359,6 @@ pub async fn run(cfg: &RunConfig) -> Result<RunReport, HarnessError> {
         serde_json::to_vec(&ops).unwrap_or_default(),
     )
     .ok();
-    let count = |f: &dyn Fn(&FaultRecord) -> bool| faults.iter().filter(|x| f(x)).count();
     std::fs::write(
         cfg.work_dir.join("final-state.json"),
         serde_json::to_vec(&fin).unwrap_or_default(),
@@ -190,27 +368,7 @@ pub async fn run(cfg: &RunConfig) -> Result<RunReport, HarnessError> {
         seed: cfg.seed,
         members: cfg.members,
         operations: ops.len(),
-        enrolments_acknowledged: ops
-            .iter()
-            .filter(|o| {
-                matches!(o.kind, history::Kind::Enroll { .. })
-                    && matches!(o.outcome, history::Outcome::Ok { .. })
-            })
-            .count(),
-        enrolment_retries: ops
-            .iter()
-            .filter(|o| matches!(o.kind, history::Kind::Enroll { attempt, .. } if attempt > 0))
-            .count(),
-        heartbeats: ops
-            .iter()
-            .filter(|o| matches!(o.kind, history::Kind::Heartbeat { .. }))
-            .count(),
-        leader_kills: count(&|f| f.kind == "kill-leader" && f.status == "installed"),
-        leader_kills_mid_enrolment: count(&|f| {
-            f.kind == "kill-leader" && f.status == "installed" && f.enrolments_in_flight > 0
-        }),
-        partitions: count(&|f| f.kind == "partition-leader" && f.status == "installed"),
-        pauses: count(&|f| f.kind == "pause-leader" && f.status == "installed"),
+        exercised: Exercised::count(&ops, &faults),
         faults,
         resolution,
         violations,
@@ -240,6 +398,7 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
         .admin_get("/api/v1/admin/hardware/nodes", t)
         .await
         .ok_or_else(|| HarnessError("could not read nodes".into()))?;
+    let text = |v: &serde_json::Value| v.as_str().map(String::from);
     for n in nodes["nodes"].as_array().into_iter().flatten() {
         let id = n["node_id"].as_str().unwrap_or("").to_string();
         fin.nodes.insert(
@@ -250,12 +409,22 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
             .admin_get(&format!("/api/v1/admin/hardware/nodes/{id}/credentials"), t)
             .await
             .ok_or_else(|| HarnessError("could not read credentials".into()))?;
+        // Listed oldest first.
+        let mut own = vec![];
         for c in creds["credentials"].as_array().into_iter().flatten() {
+            let cid = c["credential_id"].as_str().unwrap_or("").to_string();
+            own.push(cid.clone());
             fin.credentials.insert(
-                c["credential_id"].as_str().unwrap_or("").to_string(),
-                (id.clone(), !c["revoked_at"].is_null()),
+                cid,
+                FinalCredential {
+                    node_id: id.clone(),
+                    revoked: !c["revoked_at"].is_null(),
+                    revoked_reason: text(&c["revoked_reason"]),
+                    token_id: text(&c["enrollment_id"]),
+                },
             );
         }
+        fin.node_credentials.insert(id, own);
     }
     let toks = cluster
         .admin_get("/api/v1/admin/node-enrollments", t)
@@ -264,11 +433,158 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
     for r in toks["enrollments"].as_array().into_iter().flatten() {
         fin.tokens.insert(
             r["enrollment_id"].as_str().unwrap_or("").to_string(),
-            (
-                r["state"].as_str().unwrap_or("").to_string(),
-                r["claimed_node_id"].as_str().map(String::from),
-            ),
+            FinalToken {
+                state: r["state"].as_str().unwrap_or("").to_string(),
+                claimed_node_id: text(&r["claimed_node_id"]),
+                note: text(&r["note"]),
+            },
         );
     }
     Ok(fin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_workload_task_that_panics_is_harness_trouble() {
+        let ok = tokio::spawn(async {});
+        let boom = tokio::spawn(async { panic!("planted") });
+        let e = join_workload(vec![ok, boom]).await.unwrap_err();
+        assert!(e.0.contains("1 workload task(s) died"), "{e}");
+        assert!(join_workload(vec![tokio::spawn(async {})]).await.is_ok());
+    }
+
+    #[test]
+    fn a_run_short_of_any_event_is_named() {
+        let min = Exercised {
+            revocations_acknowledged: 3,
+            heartbeats_after_revocation: 10,
+            pauses: 1,
+            ..Default::default()
+        };
+        let got = Exercised {
+            revocations_acknowledged: 3,
+            heartbeats_after_revocation: 9,
+            ..Default::default()
+        };
+        assert_eq!(
+            got.shortfalls(&min),
+            vec![
+                "heartbeats after an acknowledged revocation: 9, needs 10".to_string(),
+                "pauses: 0, needs 1".to_string()
+            ]
+        );
+        assert!(min.shortfalls(&min).is_empty());
+    }
+
+    #[test]
+    fn counts_come_from_the_history_and_the_installed_faults() {
+        use history::Kind;
+        use history::Op;
+        use history::Outcome;
+        let op = |id, t, kind, outcome| Op {
+            id,
+            client: "t".into(),
+            invoke_ms: t,
+            complete_ms: t + 1,
+            kind,
+            outcome,
+        };
+        let hb = |id, t| {
+            op(
+                id,
+                t,
+                Kind::Heartbeat {
+                    node_id: "n".into(),
+                    credential_id: "c".into(),
+                    member: 0,
+                },
+                Outcome::ok(),
+            )
+        };
+        let revoke = Outcome::Ok {
+            token_id: None,
+            node_id: None,
+            credential_id: None,
+            revoked: vec!["c".into()],
+        };
+        let ops = vec![
+            hb(0, 0),
+            op(
+                1,
+                10,
+                Kind::Revoke {
+                    node_id: "n".into(),
+                    reason: "r".into(),
+                },
+                revoke,
+            ),
+            hb(2, 20),
+            op(
+                3,
+                30,
+                Kind::Enroll {
+                    token_id: "t".into(),
+                    identity: "k".into(),
+                    attempt: 1,
+                },
+                Outcome::Unknown { why: "x".into() },
+            ),
+        ];
+        let fault = |kind, status: &str, in_flight| FaultRecord {
+            kind,
+            target: Some(0),
+            at_ms: 0,
+            healed_ms: None,
+            status: status.into(),
+            enrolments_in_flight: in_flight,
+        };
+        let faults = vec![
+            fault("kill-leader", "installed", 2),
+            fault("kill-leader", "installed", 0),
+            fault("kill-leader", "skipped: no leader to target", 1),
+            fault("pause-leader", "installed", 0),
+            fault("partition-leader", "indeterminate: x", 0),
+        ];
+        let e = Exercised::count(&ops, &faults);
+        assert_eq!(
+            e,
+            Exercised {
+                enrolments_acknowledged: 0,
+                enrolment_retries: 1,
+                enrolments_unknown: 1,
+                heartbeats: 2,
+                revocations_acknowledged: 1,
+                heartbeats_after_revocation: 1,
+                leader_kills: 2,
+                leader_kills_mid_enrolment: 1,
+                partitions: 0,
+                pauses: 1,
+            }
+        );
+    }
+
+    #[test]
+    fn a_work_dir_not_made_by_the_harness_is_never_emptied() {
+        let root =
+            std::env::temp_dir().join(format!("mf-chaos-wd-{}", modelforge_proto::new_uuid()));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("precious"), b"x").unwrap();
+        assert!(prepare_work_dir(&root).is_err());
+        remove_work_dir(&root);
+        assert!(
+            root.join("precious").exists(),
+            "an unmarked dir was removed"
+        );
+        std::fs::remove_file(root.join("precious")).unwrap();
+        // Empty: taken and marked; then emptied on the next run, and removed at the end.
+        prepare_work_dir(&root).unwrap();
+        std::fs::write(root.join("history.json"), b"[]").unwrap();
+        prepare_work_dir(&root).unwrap();
+        assert!(!root.join("history.json").exists());
+        remove_work_dir(&root);
+        assert!(!root.exists());
+    }
 }

@@ -70,17 +70,7 @@ async fn main() {
             std::process::exit(2);
         }
         Ok(r) => {
-            println!(
-                "operations {}, enrolments acknowledged {} (retries {}), heartbeats {}, leader kills {} ({} mid-enrolment), pauses {}, partitions {}",
-                r.operations,
-                r.enrolments_acknowledged,
-                r.enrolment_retries,
-                r.heartbeats,
-                r.leader_kills,
-                r.leader_kills_mid_enrolment,
-                r.pauses,
-                r.partitions
-            );
+            println!("operations {}: {}", r.operations, r.exercised);
             for f in &r.faults {
                 if f.status != "installed" {
                     println!(

@@ -115,12 +115,14 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                 }
             };
             if let Some(nid) = nid {
+                // A reason of its own: the credentials it revokes carry it in the final state.
+                let reason = format!("chaos revoke {}", modelforge_proto::new_uuid());
                 let (mut o, v) = send(
                     &sh,
                     reqwest::Method::DELETE,
                     format!("{url}/api/v1/admin/hardware/nodes/{nid}/credential"),
                     ADMIN,
-                    None,
+                    Some(json!({ "reason": reason })),
                 )
                 .await;
                 if let Outcome::Ok { revoked, .. } = &mut o {
@@ -133,8 +135,15 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                         })
                         .unwrap_or_default();
                 }
-                sh.history
-                    .record("admin", t, Kind::Revoke { node_id: nid }, o);
+                sh.history.record(
+                    "admin",
+                    t,
+                    Kind::Revoke {
+                        node_id: nid,
+                        reason,
+                    },
+                    o,
+                );
             }
         } else if n.is_multiple_of(7) {
             let tok = { sh.tokens.lock().unwrap().pop() };
@@ -151,12 +160,14 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                     .record("admin", t, Kind::CancelToken { token_id: tid }, o);
             }
         } else {
+            // A note of its own: the token it creates carries it in the final state.
+            let note = format!("chaos {}", modelforge_proto::new_uuid());
             let (mut o, v) = send(
                 &sh,
                 reqwest::Method::POST,
                 format!("{url}/api/v1/admin/node-enrollments"),
                 ADMIN,
-                Some(json!({"ttl_seconds": 3600})),
+                Some(json!({"ttl_seconds": 3600, "note": note})),
             )
             .await;
             if let Outcome::Ok { token_id, .. } = &mut o {
@@ -168,7 +179,7 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                         .push((id.to_string(), tok.to_string()));
                 }
             }
-            sh.history.record("admin", t, Kind::CreateToken, o);
+            sh.history.record("admin", t, Kind::CreateToken { note }, o);
         }
         if sh.tokens.lock().unwrap().len() > 20 {
             tokio::time::sleep(Duration::from_millis(50)).await;

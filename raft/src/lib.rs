@@ -68,7 +68,9 @@ pub type SnapshotData = Cursor<Vec<u8>>;
 pub trait Application: Send + Sync + 'static {
     /// Apply one committed command and return the encoded response.
     fn apply(&self, log_index: u64, command: &[u8]) -> Vec<u8>;
-    /// Encode the whole state, for a snapshot.
+    /// Encode the whole state, for a snapshot. Called before that snapshot is written (and so
+    /// before any log entry it covers can be purged): an application makes the files it keeps
+    /// beside the state durable here.
     fn snapshot(&self) -> Vec<u8>;
     /// Replace the whole state with a snapshot's.
     fn restore(&self, data: &[u8]) -> std::io::Result<()>;

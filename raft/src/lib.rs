@@ -183,6 +183,11 @@ impl<A: Application> Consensus<A> {
             // split the members' states (the chaos suite caught exactly this). An election in a
             // new term is safe: voters refuse a candidate whose log lacks committed entries.
             enable_leader_restore: Some(false),
+            // A member whose data dir was wiped (replaced, as the refusal in `log_store` advises)
+            // comes back with an empty log, and the leader must replicate to it from the start.
+            // Without this openraft's leader panics on the reverted follower in debug builds and
+            // never catches it up in release builds (tests/formation.rs caught the panic).
+            allow_log_reversion: Some(true),
             ..Default::default()
         };
         let config = Arc::new(

@@ -221,7 +221,20 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
-    let mut c = Cluster::start(1).await;
+    // No timed write may land between the digests however slowly this runs: the node never
+    // turns stale (a status event) and uses are never written coalesced.
+    let mut c = Cluster::start_with(
+        1,
+        &[
+            "--stale-after",
+            "1h",
+            "--offline-after",
+            "2h",
+            "--touch-interval",
+            "1h",
+        ],
+    )
+    .await;
     let t = c.new_token(600).await;
     let mut a = Agent::new(c.root(), "a", c.urls());
     a.start(Some(&t));

@@ -556,7 +556,8 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_doctor_names_each_runbook_case() {
-    let mut c = Cluster::start_with(3, &["--stale-after", "1s", "--offline-after", "2s"]).await;
+    // Agents heartbeat every 300 ms: 3 s leaves a loaded machine ten beats before "silent".
+    let mut c = Cluster::start_with(3, &["--stale-after", "3s", "--offline-after", "6s"]).await;
     let urls = c.urls().join(",");
     let ta = c.new_token(600).await;
     let tb = c.new_token(600).await;

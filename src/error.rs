@@ -106,6 +106,10 @@ impl From<Refusal> for ApiError {
     }
 }
 
+/// How long a client answered 429 is asked to wait (`Retry-After`, in seconds): one argon2
+/// worker clears dozens of checks a second, so the queue has moved on by then.
+pub const RETRY_AFTER_S: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
@@ -114,6 +118,15 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        // The contract: an overloaded member answers 429 with `Retry-After`, never a queue
+        // without bound.
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_S),
+            );
+        }
+        response
     }
 }

@@ -12,10 +12,11 @@
 //! already holds change nothing. No fact holds a secret or a hash: ids and times only.
 //!
 //! Durability: lines are written through to the OS when the entry is applied (before the
-//! answer that depends on it), and fsynced by a background thread at most [`SYNC_EVERY`] later, and always before a snapshot is taken (so a fact covered by a
-//! snapshot, which would not be replayed from the log, is on disk). A member killed before the
-//! fsync re-applies those entries from its log on restart and writes them again; duplicate
-//! lines are harmless.
+//! answer that depends on it), and fsynced by a background thread at most [`SYNC_EVERY`]
+//! later, and always before a snapshot is taken (so a fact covered by a snapshot, which would
+//! not be replayed from the log, is on disk; `app.rs` tests this ordering). A member killed
+//! before the fsync re-applies those entries from its log on restart and writes them again;
+//! duplicate lines are harmless.
 
 use std::io::BufRead;
 use std::io::Write;
@@ -99,20 +100,7 @@ struct Writer {
 impl Journal {
     /// Open (creating) the journal of `data_dir` and start its syncing thread.
     pub fn open(data_dir: &Path, cluster: &str) -> std::io::Result<Arc<Self>> {
-        let path = data_dir.join(FILE);
-        std::fs::create_dir_all(path.parent().expect("journal dir"))?;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?;
-        let j = Arc::new(Self {
-            inner: Mutex::new(Writer {
-                file,
-                dirty: false,
-                failed: false,
-            }),
-            cluster: cluster.to_string(),
-        });
+        let j = Self::open_without_sync_thread(data_dir, cluster)?;
         let weak = Arc::downgrade(&j);
         std::thread::Builder::new()
             .name("journal-sync".into())
@@ -124,6 +112,33 @@ impl Journal {
                 }
             })?;
         Ok(j)
+    }
+
+    /// Open (creating) the journal of `data_dir`; nothing fsyncs it but [`Journal::sync`]
+    /// (tests use it to see who syncs when).
+    pub(crate) fn open_without_sync_thread(
+        data_dir: &Path,
+        cluster: &str,
+    ) -> std::io::Result<Arc<Self>> {
+        let path = data_dir.join(FILE);
+        std::fs::create_dir_all(path.parent().expect("journal dir"))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        Ok(Arc::new(Self {
+            inner: Mutex::new(Writer {
+                file,
+                dirty: false,
+                failed: false,
+            }),
+            cluster: cluster.to_string(),
+        }))
+    }
+
+    /// Whether lines were appended since the last successful fsync.
+    pub fn unsynced(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).dirty
     }
 
     /// Append facts decided at `index` (buffered; see [`Journal::sync`]).

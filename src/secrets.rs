@@ -7,8 +7,9 @@
 //! the one operators expect to see; it is configurable and travels inside each PHC string, so
 //! changing it needs no migration.
 //!
-//! Load: at most `workers` hashes run at once (one per core) and at most `max_waiting` wait;
-//! past that a request is answered 429 instead of queueing without bound.
+//! Load: at most `workers` hashes run at once (one per core) and at most `max_waiting`
+//! ([`MAX_WAITING`] on a member) wait; past that a request is answered 429 with `Retry-After`
+//! instead of queueing without bound.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -37,6 +38,9 @@ impl Default for HashParams {
         }
     }
 }
+
+/// How many secret checks may wait for an argon2 worker on a member before the next is refused.
+pub const MAX_WAITING: usize = 4096;
 
 /// The bounded argon2 pool. Clones share it.
 #[derive(Clone)]
@@ -79,8 +83,11 @@ impl Hasher {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::overloaded());
         }
+        // Counted out however the wait ends: a request whose client went away is dropped
+        // while it waits, and must not keep its place in the queue.
+        let waiting = Waiting(&self.waiting);
         let permit = self.permits.clone().acquire_owned().await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        drop(waiting);
         let permit = permit.map_err(|_| ApiError::internal("secret pool closed"))?;
         let argon = self.argon();
         let out = tokio::task::spawn_blocking(move || {
@@ -127,6 +134,15 @@ impl Hasher {
         let t = std::time::Instant::now();
         let _ = self.argon().hash_password(b"mfnc_benchmark");
         t.elapsed()
+    }
+}
+
+/// One request waiting for an argon2 worker; leaves the count when dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -349,5 +365,107 @@ mod mint_tests {
             std::time::Duration::ZERO,
             "idle again after the window"
         );
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use super::*;
+    use axum::response::IntoResponse;
+
+    fn cheap(workers: usize, max_waiting: usize) -> Hasher {
+        let params = HashParams {
+            m_kib: 64,
+            t: 1,
+            p: 1,
+        };
+        Hasher::new(&params, workers, max_waiting).unwrap()
+    }
+
+    async fn until_waiting(h: &Hasher, n: usize) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while h.waiting.load(Ordering::SeqCst) != n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} waiting, expected {n}",
+                h.waiting.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// ARCHITECTURE.md, "Secrets": argon2 runs at most one per worker at once with at most
+    /// `max_waiting` waiting; past that the request gets 429 with `Retry-After` and the
+    /// contract's JSON error, and the queue takes requests again once it drains.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_argon2_queue_answers_429_with_retry_after_and_the_error_body() {
+        let h = cheap(2, 3);
+        let phc = h.hash("mfnc_x".into()).await.unwrap();
+        // Every worker busy, then three checks waiting: the queue is full.
+        let busy = h.permits.clone().acquire_many_owned(2).await.unwrap();
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let (h, phc) = (h.clone(), phc.clone());
+                tokio::spawn(async move { h.verify(phc, "mfnc_x".into()).await })
+            })
+            .collect();
+        until_waiting(&h, 3).await;
+
+        let refused = h.verify(phc.clone(), "mfnc_x".into()).await.unwrap_err();
+        assert_eq!(
+            h.waiting.load(Ordering::SeqCst),
+            3,
+            "the refusal took a place"
+        );
+        let response = refused.into_response();
+        assert_eq!(response.status(), 429);
+        assert_eq!(
+            response.headers().get("retry-after").map(|v| v.as_bytes()),
+            Some(crate::error::RETRY_AFTER_S.to_string().as_bytes()),
+            "429 without Retry-After"
+        );
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "overloaded", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+
+        // The workers free up: every waiting check runs, and new ones are taken again.
+        drop(busy);
+        for w in waiting {
+            assert!(w.await.unwrap().unwrap());
+        }
+        assert_eq!(h.waiting.load(Ordering::SeqCst), 0);
+        assert!(h.verify(phc, "mfnc_x".into()).await.unwrap());
+    }
+
+    /// A check dropped while it waits (its client went away) gives its place back: otherwise
+    /// abandoned requests fill the queue and every later check gets 429 for ever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_check_abandoned_while_waiting_leaves_the_queue() {
+        let h = cheap(1, 2);
+        let phc = h.hash("mfnc_x".into()).await.unwrap();
+        let busy = h.permits.clone().acquire_many_owned(1).await.unwrap();
+        let abandoned: Vec<_> = (0..2)
+            .map(|_| {
+                let (h, phc) = (h.clone(), phc.clone());
+                tokio::spawn(async move { h.verify(phc, "mfnc_x".into()).await })
+            })
+            .collect();
+        until_waiting(&h, 2).await;
+        for a in &abandoned {
+            a.abort();
+        }
+        for a in abandoned {
+            assert!(a.await.unwrap_err().is_cancelled());
+        }
+        until_waiting(&h, 0).await;
+        drop(busy);
+        assert!(h.verify(phc, "mfnc_x".into()).await.unwrap());
     }
 }

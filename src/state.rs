@@ -30,7 +30,7 @@ use sha2::Digest;
 pub const HISTORY_PER_NODE: usize = 256;
 /// How long a request id's answer is kept for deduplicating retries (leader time).
 pub const DEDUP_TTL_MS: i64 = 24 * 3600 * 1000;
-/// The most remembered request ids.
+/// The most remembered request ids (after each apply; the oldest is dropped first).
 pub const DEDUP_MAX: usize = 200_000;
 /// How long a decommission preview can be executed (leader time).
 pub const PREVIEW_TTL_MS: i64 = 15 * 60 * 1000;
@@ -551,6 +551,8 @@ impl State {
             self.dedup
                 .insert(env.request_id.clone(), (now, result.clone()));
             self.dedup_order.push_back((now, env.request_id.clone()));
+            // At the cap, the new id takes the oldest one's place.
+            self.prune_dedup(now);
         }
         result
     }

@@ -221,7 +221,20 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
-    let mut c = Cluster::start(1).await;
+    // No timed write may land between the digests however slowly this runs: the node never
+    // turns stale (a status event) and uses are never written coalesced.
+    let mut c = Cluster::start_with(
+        1,
+        &[
+            "--stale-after",
+            "1h",
+            "--offline-after",
+            "2h",
+            "--touch-interval",
+            "1h",
+        ],
+    )
+    .await;
     let t = c.new_token(600).await;
     let mut a = Agent::new(c.root(), "a", c.urls());
     a.start(Some(&t));
@@ -543,7 +556,8 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_doctor_names_each_runbook_case() {
-    let mut c = Cluster::start_with(3, &["--stale-after", "1s", "--offline-after", "2s"]).await;
+    // Agents heartbeat every 300 ms: 3 s leaves a loaded machine ten beats before "silent".
+    let mut c = Cluster::start_with(3, &["--stale-after", "3s", "--offline-after", "6s"]).await;
     let urls = c.urls().join(",");
     let ta = c.new_token(600).await;
     let tb = c.new_token(600).await;

@@ -266,3 +266,66 @@ async fn a_damaged_backup_is_refused_and_a_backup_needs_the_admin_token() {
     assert!(out.contains("checksum"), "{out}");
     assert!(!c.root().join("r").join("cluster.id").exists());
 }
+
+/// Every file under `dir` with its content, to show that a refused restore touched nothing.
+fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// ARCHITECTURE.md, "Backup, restore and the revocation journal": restore refuses a data dir
+/// that holds a member's Raft state, or a base state from an earlier restore, with exit 1 and a
+/// reason, and changes nothing in it (the member starts on it as before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_refuses_a_data_dir_that_already_holds_raft_state() {
+    let mut c = Cluster::start(1).await;
+    c.new_token(600).await;
+    let file = c.root().join("good.mfbackup");
+    std::fs::write(&file, take_backup(&c.url(1)).await).unwrap();
+    let digest = c.wait_converged().await;
+    c.kill9(1);
+
+    let member = c.data_dir(1);
+    assert!(member.join("raft").is_dir());
+    let held = files(&member);
+    let (code, out) = restore(&file, &member, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("already holds a member's state: restore into a fresh data dir")
+            && out.contains(&member.display().to_string()),
+        "{out}"
+    );
+    assert_eq!(
+        files(&member),
+        held,
+        "a refused restore changed the data dir"
+    );
+
+    // A dir restored once holds a base state: restoring into it again is refused the same way.
+    let fresh = c.root().join("restored");
+    let (code, out) = restore(&file, &fresh, &[]);
+    assert_eq!(code, 0, "{out}");
+    let restored = files(&fresh);
+    let (code, out) = restore(&file, &fresh, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("already holds a member's state"), "{out}");
+    assert_eq!(
+        files(&fresh),
+        restored,
+        "a refused restore changed the data dir"
+    );
+
+    // The member whose dir was refused starts on it with its state intact.
+    c.start_member(1);
+    c.wait_ready().await;
+    assert_eq!(c.wait_converged().await, digest);
+}

@@ -68,7 +68,9 @@ pub type SnapshotData = Cursor<Vec<u8>>;
 pub trait Application: Send + Sync + 'static {
     /// Apply one committed command and return the encoded response.
     fn apply(&self, log_index: u64, command: &[u8]) -> Vec<u8>;
-    /// Encode the whole state, for a snapshot.
+    /// Encode the whole state, for a snapshot. Called before that snapshot is written (and so
+    /// before any log entry it covers can be purged): an application makes the files it keeps
+    /// beside the state durable here.
     fn snapshot(&self) -> Vec<u8>;
     /// Replace the whole state with a snapshot's.
     fn restore(&self, data: &[u8]) -> std::io::Result<()>;
@@ -181,6 +183,11 @@ impl<A: Application> Consensus<A> {
             // split the members' states (the chaos suite caught exactly this). An election in a
             // new term is safe: voters refuse a candidate whose log lacks committed entries.
             enable_leader_restore: Some(false),
+            // A member whose data dir was wiped (replaced, as the refusal in `log_store` advises)
+            // comes back with an empty log, and the leader must replicate to it from the start.
+            // Without this openraft's leader panics on the reverted follower in debug builds and
+            // never catches it up in release builds (tests/formation.rs caught the panic).
+            allow_log_reversion: Some(true),
             ..Default::default()
         };
         let config = Arc::new(

@@ -354,3 +354,51 @@ mod pacing_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod snapshot_order_tests {
+    use super::*;
+
+    /// Notes, each time it is asked for its state, what the snapshot file on disk held then.
+    struct Probe {
+        dir: PathBuf,
+        on_disk_when_asked: std::sync::Mutex<Vec<Option<Vec<u8>>>>,
+    }
+
+    impl Application for Probe {
+        fn apply(&self, _: u64, _: &[u8]) -> Vec<u8> {
+            vec![]
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            let on_disk = read_snapshot_file(&self.dir).unwrap().map(|f| f.data);
+            let mut seen = self.on_disk_when_asked.lock().unwrap();
+            seen.push(on_disk);
+            format!("state-{}", seen.len()).into_bytes()
+        }
+        fn restore(&self, _: &[u8]) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The application's `snapshot` runs before the snapshot that holds its answer is on disk
+    /// (the revocation journal relies on it: it is fsynced there, before any log entry it
+    /// covers can be purged).
+    #[tokio::test]
+    async fn the_application_is_asked_for_its_state_before_the_snapshot_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = Arc::new(Probe {
+            dir: dir.path().to_path_buf(),
+            on_disk_when_asked: Default::default(),
+        });
+        let mut sm = StateMachine::open(dir.path(), app.clone()).unwrap();
+        sm.build_snapshot().await.unwrap();
+        sm.build_snapshot().await.unwrap();
+        assert_eq!(
+            *app.on_disk_when_asked.lock().unwrap(),
+            vec![None, Some(b"state-1".to_vec())],
+            "a snapshot was on disk before the application was asked for its state"
+        );
+        let on_disk = read_snapshot_file(dir.path()).unwrap().unwrap();
+        assert_eq!(on_disk.data, b"state-2");
+    }
+}

@@ -144,7 +144,7 @@ pub async fn serve(
     .await
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    let hasher = Hasher::new(&cfg.hash_params, cfg.hash_workers, 4096)?;
+    let hasher = Hasher::new(&cfg.hash_params, cfg.hash_workers, secrets::MAX_WAITING)?;
     tracing::info!(
         node_id = cfg.node_id,
         listen = %cfg.listen,

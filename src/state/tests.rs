@@ -789,3 +789,67 @@ fn the_hostname_index_follows_enrolment_renames_decommission_and_reapplied_facts
     assert!(restored.nodes["nB"].decommissioned_at_ms.is_some());
     assert!(restored.hostname_index_matches_nodes());
 }
+
+/// ARCHITECTURE.md, "Known gaps": the request-id table is capped at `DEDUP_MAX` entries (and
+/// 24 h); at the cap the oldest id goes first, and the table and its order stay in step.
+#[test]
+fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order() {
+    fn in_step(s: &State) -> bool {
+        s.dedup.len() == s.dedup_order.len()
+            && s.dedup_order
+                .iter()
+                .all(|(at, id)| s.dedup.get(id).is_some_and(|(a, _)| a == at))
+    }
+    let touch = |id: &str, now: i64| env(id, now, Command::TouchCredentials { uses: vec![] });
+    let create = env(
+        "r-create",
+        1_000,
+        Command::CreateToken {
+            token_id: "t1".into(),
+            hash: "h".into(),
+            ttl_ms: 3_600_000,
+            note: None,
+        },
+    );
+    let mut s = State::default();
+    let first = s.apply(1, &create);
+    assert!(first.is_ok(), "{first:?}");
+    for i in 1..DEDUP_MAX {
+        s.apply(1 + i as u64, &touch(&format!("r{i}"), 1_000))
+            .unwrap();
+    }
+    assert_eq!(s.dedup.len(), DEDUP_MAX);
+    assert!(in_step(&s));
+    // Full: a retry is still answered from the table, and adds nothing.
+    assert_eq!(s.apply(300_000, &create), first);
+    assert_eq!(s.dedup.len(), DEDUP_MAX);
+
+    // Each new id evicts exactly the oldest.
+    s.apply(300_001, &touch("new-1", 2_000)).unwrap();
+    assert_eq!(s.dedup.len(), DEDUP_MAX, "the cap was exceeded");
+    assert!(!s.dedup.contains_key("r-create"), "the oldest id was kept");
+    assert!(s.dedup.contains_key("r1") && s.dedup.contains_key("new-1"));
+    s.apply(300_002, &touch("new-2", 2_000)).unwrap();
+    assert_eq!(s.dedup.len(), DEDUP_MAX);
+    assert!(!s.dedup.contains_key("r1"));
+    assert_eq!(s.dedup_order.front().map(|(_, id)| id.as_str()), Some("r2"));
+    assert_eq!(
+        s.dedup_order.back().map(|(_, id)| id.as_str()),
+        Some("new-2")
+    );
+    assert!(in_step(&s));
+    // An evicted id is executed again, not answered from the table: the token exists now.
+    let again = s.apply(300_003, &create).unwrap_err();
+    assert_eq!(again.code, "token_exists");
+    assert_eq!(s.dedup.len(), DEDUP_MAX);
+    assert!(in_step(&s));
+
+    // 24 h of leader time later every old id has gone, in step.
+    s.apply(300_004, &touch("late", 2_000 + DEDUP_TTL_MS + 1))
+        .unwrap();
+    assert_eq!(
+        s.dedup.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec!["late"]
+    );
+    assert!(in_step(&s));
+}

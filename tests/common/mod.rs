@@ -292,6 +292,29 @@ impl Cluster {
         }
     }
 
+    /// Wait for member `id`'s process to exit by itself; its exit code (-1: a signal).
+    pub async fn wait_exit(&mut self, id: u64) -> i32 {
+        let child = self.procs[(id - 1) as usize]
+            .as_mut()
+            .expect("member started");
+        let code = wait_until(&format!("member {id} to exit"), WAIT, || {
+            let r = child
+                .try_wait()
+                .ok()
+                .flatten()
+                .map(|s| s.code().unwrap_or(-1));
+            async move { r }
+        })
+        .await;
+        self.procs[(id - 1) as usize] = None;
+        code
+    }
+
+    /// What member `id` has logged so far (every start of it, in one file).
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.root().join(format!("m{id}.log"))).unwrap_or_default()
+    }
+
     pub fn live_ids(&mut self) -> Vec<u64> {
         self.ids
             .clone()

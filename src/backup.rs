@@ -288,12 +288,23 @@ mod tests {
         let (h, back) = decode(&bytes).unwrap();
         assert_eq!(back, s);
         assert_eq!(h.applied_index, 7);
-        for i in [0, 8, 12, bytes.len() / 2, bytes.len() - 1] {
+        // Each damage is refused, and the reason names it (an operator must tell a file that
+        // is not a backup from one cut short or corrupted).
+        let checksum = "backup checksum mismatch: the file is truncated or corrupted";
+        for (i, why) in [
+            (0, "not a ModelForge backup (bad magic or too short)"),
+            (8, "backup format"),
+            (12, checksum),
+            (bytes.len() / 2, checksum),
+            (bytes.len() - 1, checksum),
+        ] {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
-            assert!(decode(&bad).is_err(), "flipped byte {i} was accepted");
+            let e = decode(&bad).expect_err(&format!("flipped byte {i} was accepted"));
+            assert!(e.to_string().starts_with(why), "byte {i}: {e}");
         }
-        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+        let e = decode(&bytes[..bytes.len() - 1]).unwrap_err();
+        assert_eq!(e.to_string(), checksum);
     }
 
     #[test]
@@ -308,6 +319,13 @@ mod tests {
         let (base, cluster) = load_base(&data).unwrap();
         assert_eq!(cluster, r.cluster);
         assert_eq!(base.clock_ms, 42);
-        assert!(prepare(&file, &data, &[]).is_err());
+        let e = prepare(&file, &data, &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{} already holds a member's state: restore into a fresh data dir",
+                data.display()
+            )
+        );
     }
 }

@@ -300,6 +300,35 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
         after, before,
         "the new leader re-ran argon2 for credentials the old leader had verified"
     );
+    // The positive control: the counter does move when argon2 must run, so the equality above
+    // is not a counter that never moves. A well-formed credential with a known id and another
+    // secret misses the cache and costs exactly one verify on every attempt (a refusal is
+    // never cached), and is refused 401 invalid_credential.
+    let (nid, cred) = &nodes[1];
+    let wrong = with_another_secret(cred);
+    let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(new_leader));
+    for attempt in 1..=2u64 {
+        let (s, v) = call("POST", &url, Some(&wrong), Some(json!({}))).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (401, Some("invalid_credential")),
+            "{v}"
+        );
+        let now = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(
+            now,
+            after + attempt,
+            "argon2 verifies after {attempt} wrong secret(s)"
+        );
+    }
+    // And the right secret is still served from the cache.
+    assert_eq!(call("POST", &url, Some(cred), Some(json!({}))).await.0, 200);
+    let last = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(last, after + 2);
     // A revocation still wins over a warm cache on every member.
     let (nid, cred) = &nodes[0];
     let (s, _) = c
@@ -311,4 +340,17 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
         .await;
     assert_eq!(s, 200);
     assert_eq!(c.heartbeat_all(nid, cred).await, vec![401, 401]);
+}
+
+/// `credential` with the same prefix and id and another secret, with a valid checksum: it
+/// passes the format check and finds its row, so only argon2 can refuse it.
+fn with_another_secret(credential: &str) -> String {
+    let (body, _crc) = credential.rsplit_once('_').unwrap();
+    let (prefix_and_id, secret) = body.rsplit_once('_').unwrap();
+    let other: String = secret
+        .chars()
+        .map(|ch| if ch == '0' { '1' } else { '0' })
+        .collect();
+    let body = format!("{prefix_and_id}_{other}");
+    format!("{body}_{:08x}", crc32fast::hash(body.as_bytes()))
 }

@@ -161,19 +161,19 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
 
     // The old agent is told why and exits non-zero with one line.
     let (code, line) = a.wait_exit().await;
-    assert_ne!(code, 0);
+    assert_eq!(code, 1, "{line}");
     assert!(line.contains("decommissioned"), "{line}");
     // Restarted with a fresh token, it is told again (its credential names the decommission).
     let t3 = c.new_token(600).await;
     a.start(Some(&t3));
     let (code, line) = a.wait_exit().await;
-    assert_ne!(code, 0);
+    assert_eq!(code, 1, "{line}");
     assert!(line.contains("401 node_decommissioned"), "{line}");
     // Its identity can never enrol again: without the credential it tries, and is refused.
     std::fs::remove_file(a.state_dir.join("credential")).unwrap();
     a.start(Some(&t3));
     let (code, line) = a.wait_exit().await;
-    assert_ne!(code, 0);
+    assert_eq!(code, 1, "{line}");
     assert!(line.contains("403 identity_decommissioned"), "{line}");
     let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
     assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
@@ -610,8 +610,11 @@ async fn the_doctor_names_each_runbook_case() {
     let (code, _, _) = admin_cli(&urls, &["nodes", "revoke-credential", &bid]).await;
     assert_eq!(code, 0);
     let (code, line) = b.wait_exit().await;
-    assert_ne!(code, 0);
-    assert!(line.contains("401"), "{line}");
+    assert_eq!(code, 1, "{line}");
+    assert!(
+        line.contains("credential refused (401 credential_revoked)"),
+        "{line}"
+    );
     let (code, out, _) = admin_cli(&urls, &["doctor", &bid]).await;
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("verdict: credential_revoked"), "{out}");

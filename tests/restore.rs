@@ -119,7 +119,12 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
         assert!(!out.contains("NO REVOCATION JOURNAL"), "{out}");
     }
     // A restored dir cannot be restored over.
-    assert_ne!(restore(&file, &c.data_dir(1), &journals).0, 0);
+    let (code, out) = restore(&file, &c.data_dir(1), &journals);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("already holds a member's state: restore into a fresh data dir"),
+        "{out}"
+    );
     for id in c.ids.clone() {
         c.start_member(id);
     }
@@ -151,8 +156,11 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     let mut thief = Agent::new(c.root(), "thief", c.urls());
     thief.start(Some(&t_c));
     let (code, line) = thief.wait_exit().await;
-    assert_ne!(code, 0);
-    assert!(line.contains("token"), "{line}");
+    assert_eq!(code, 1, "{line}");
+    assert!(
+        line.contains("enrolment refused (401 token_already_claimed)"),
+        "{line}"
+    );
     // Agent C recovers by the runbook: a new token.
     let t_c2 = c.new_token(600).await;
     agent_c.start(Some(&t_c2));
@@ -262,8 +270,11 @@ async fn a_damaged_backup_is_refused_and_a_backup_needs_the_admin_token() {
     let file = c.root().join("bad.mfbackup");
     std::fs::write(&file, &backup).unwrap();
     let (code, out) = restore(&file, &c.root().join("r"), &[]);
-    assert_ne!(code, 0);
-    assert!(out.contains("checksum"), "{out}");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("backup checksum mismatch: the file is truncated or corrupted"),
+        "{out}"
+    );
     assert!(!c.root().join("r").join("cluster.id").exists());
 }
 

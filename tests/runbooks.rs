@@ -19,6 +19,11 @@
 //!   session runs in its own process group, which the test kills when it ends, however it ends.
 //! - Blocks whose first line is `# rehearsal` simulate a failure on the disposable agent; they
 //!   run like every other block.
+//! - Exit codes are asserted exactly. Every command must exit 0 (`set -e`), except a step that
+//!   ends with the comment `# expect exit N`: that line runs on its own and must exit exactly N
+//!   (a doctor verdict, an agent that stops with a reason). No `||` or `&&` in a block: they
+//!   would let a step fail, or succeed where a failure is expected, unnoticed (`cmd || true`,
+//!   `cmd || test $? -eq 13` also accepting 0).
 
 mod common;
 
@@ -61,6 +66,41 @@ fn sh_blocks(doc: &str) -> Vec<String> {
     }
     assert!(current.is_none(), "an unclosed code fence");
     blocks
+}
+
+/// The marker of a step expected to exit non-zero: `cmd  # expect exit N ...`.
+const EXPECT_EXIT: &str = "# expect exit ";
+
+/// `block` with every `# expect exit N` line turned into a check of that exact exit code;
+/// panics on a line that would let a failure through unchecked (`||`, `&&`).
+fn check_exit_codes(block: &str) -> String {
+    let mut out = String::new();
+    for (n, line) in block.lines().enumerate() {
+        assert!(
+            !line.contains("||") && !line.contains("&&"),
+            "a runbook step with || or && can pass whatever it exits with; give each command its \
+             own line and mark an expected failure with `{EXPECT_EXIT}N`: {line}"
+        );
+        let Some((command, rest)) = line.split_once(EXPECT_EXIT) else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let code: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let code: u8 = code
+            .parse()
+            .unwrap_or_else(|_| panic!("`{EXPECT_EXIT}` needs an exit code: {line}"));
+        assert!(
+            !command.trim().is_empty(),
+            "`{EXPECT_EXIT}` ends a command line: {line}"
+        );
+        let line_no = n + 1;
+        out.push_str(&format!(
+            "set +e\n{command}\nmf_rc=$?\nset -e\n\
+             if [ \"$mf_rc\" -ne {code} ]; then echo \"::block line {line_no}: expected exit {code}, got $mf_rc\" >&2; exit 1; fi\n"
+        ));
+    }
+    out
 }
 
 struct Session {
@@ -107,6 +147,7 @@ echo "::prelude done"
 "#,
     );
     for (i, b) in blocks.iter().enumerate() {
+        let b = check_exit_codes(b);
         script.push_str(&format!(
             "echo '::block {i} start'\n{b}echo '::block {i} done'\n"
         ));
@@ -199,4 +240,57 @@ fn only_sh_blocks_are_commands() {
     assert_eq!(sh_blocks(doc), vec!["echo a\n", "echo b\necho c\n"]);
     let hidden = std::panic::catch_unwind(|| sh_blocks("```bash\nrm -rf /\n```\n"));
     assert!(hidden.is_err(), "a bash block would be skipped silently");
+}
+
+/// Run `block` as the runbook session would (`set -euo pipefail`, exit codes checked); its
+/// exit status.
+fn run_checked(block: &str) -> i32 {
+    let script = format!("set -euo pipefail\n{}echo done\n", check_exit_codes(block));
+    std::process::Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run bash")
+        .code()
+        .unwrap_or(-1)
+}
+
+#[test]
+fn a_step_must_exit_exactly_the_code_it_expects() {
+    assert_eq!(
+        run_checked("true\nsh -c 'exit 13'  # expect exit 13 (conflict)\ntrue\n"),
+        0
+    );
+    // Exit 0 where 13 is expected fails, and so does another failure code.
+    assert_eq!(run_checked("true  # expect exit 13\n"), 1);
+    assert_eq!(run_checked("sh -c 'exit 12'  # expect exit 13\n"), 1);
+    // An unmarked step must exit 0.
+    assert_eq!(run_checked("sh -c 'exit 13'\n"), 13);
+    // The check leaves `set -e` on for the steps after it.
+    assert_eq!(run_checked("sh -c 'exit 1'  # expect exit 1\nfalse\n"), 1);
+    for lax in [
+        "modelforge admin doctor x || echo \"exit $?\"\n",
+        "modelforge admin doctor x || test $? -eq 13\n",
+        "kill \"$AGENT_PID\" && wait \"$AGENT_PID\" || true\n",
+    ] {
+        let refused = std::panic::catch_unwind(|| check_exit_codes(lax));
+        assert!(refused.is_err(), "accepted: {lax}");
+    }
+}
+
+#[test]
+fn the_runbooks_mark_every_expected_failure() {
+    for doc in [
+        "docs/runbooks/RUNBOOK_NODE_RECOVERY.md",
+        "docs/runbooks/RUNBOOK_NODE_DECOMMISSION.md",
+    ] {
+        let text =
+            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc))
+                .unwrap();
+        for b in sh_blocks(&text) {
+            check_exit_codes(&b);
+        }
+    }
 }

@@ -172,7 +172,13 @@ mod tests {
         for (i, e) in renumbered.iter_mut().enumerate() {
             e["seq"] = json!(i + 1);
         }
-        assert!(verify_events(&renumbered).is_err());
+        let e = verify_events(&renumbered).unwrap_err();
+        assert_eq!(e.position, 2);
+        assert!(
+            e.reason.starts_with("prev_hash does not match"),
+            "{}",
+            e.reason
+        );
         // Without at_ms, the RFC 3339 time is used.
         let mut no_ms = trail();
         for e in &mut no_ms {

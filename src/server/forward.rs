@@ -118,14 +118,95 @@ async fn relay(
         .to_string();
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
         .map_err(|_| ApiError::bad_request("bad_method", "unsupported method"))?;
-    let resendable = safe_to_resend(&parts.method, parts.uri.path(), &parts.headers);
-    let deadline = tokio::time::Instant::now() + LEADER_WAIT;
-    let (mut target_id, mut target_url) = (leader_id, leader_url.to_string());
+    let relayed = Relayed {
+        resendable: safe_to_resend(&parts.method, parts.uri.path(), &parts.headers),
+        method,
+        path,
+        headers: parts.headers,
+        body: bytes,
+        hops,
+    };
+    let leader = (leader_id, leader_url.to_string());
+    send_to_leader(
+        &**ctx,
+        &ctx.http,
+        &ctx.peer_token,
+        &relayed,
+        leader,
+        LEADER_WAIT,
+    )
+    .await
+}
+
+/// One request as the leader will receive it.
+struct Relayed {
+    method: reqwest::Method,
+    /// Path and query.
+    path: String,
+    /// The caller's headers; only [`FORWARDED_HEADERS`] travel.
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+    hops: u32,
+    /// See [`safe_to_resend`].
+    resendable: bool,
+}
+
+/// What the relay needs to know about leadership while it retries: [`super::Ctx`] in
+/// production, a scripted view in the unit tests (so the relay's answers are tested without a
+/// cluster).
+trait LeaderView {
+    /// This member's id.
+    fn me(&self) -> u64;
+    fn is_leader(&self) -> bool;
+    /// The leader as this member knows it, with the URL this member reaches it by.
+    fn leader(&self) -> Option<(u64, String)>;
+    /// Wait at most `within` for leadership to move off `from` (to another member, or here).
+    fn wait_moved(&self, from: u64, within: Duration) -> impl Future<Output = ()> + Send;
+}
+
+impl LeaderView for super::Ctx {
+    fn me(&self) -> u64 {
+        self.cfg.node_id
+    }
+
+    fn is_leader(&self) -> bool {
+        self.consensus.is_leader()
+    }
+
+    fn leader(&self) -> Option<(u64, String)> {
+        let (id, url) = self.consensus.leader()?;
+        let url = self.peer_url(id, &url);
+        Some((id, url))
+    }
+
+    async fn wait_moved(&self, from: u64, within: Duration) {
+        self.consensus
+            .wait_for(within, |s| {
+                s.leader_id.is_some_and(|l| l != from) || s.state == "Leader"
+            })
+            .await;
+    }
+}
+
+/// Send `req` to the leader and relay its answer. A connection that could not be made is
+/// retried (the request certainly did not arrive), and so is a broken one when the request is
+/// safe to resend, until `leader_wait` passes; then the answer is `no_leader` if no attempt can
+/// have reached a leader, and `outcome_unknown` for a write that may have.
+async fn send_to_leader(
+    view: &impl LeaderView,
+    http: &reqwest::Client,
+    peer_token: &str,
+    req: &Relayed,
+    leader: (u64, String),
+    leader_wait: Duration,
+) -> Result<Response, ApiError> {
+    let deadline = tokio::time::Instant::now() + leader_wait;
+    let (mut target_id, mut target_url) = leader;
     // Whether any attempt may have reached a leader: then a write's outcome is unknown, even if
     // a later attempt could not connect at all.
     let mut maybe_sent = false;
     let unknown_or = |maybe_sent: bool, certain: ApiError| {
-        if maybe_sent && method != reqwest::Method::GET {
+        if maybe_sent && req.method != reqwest::Method::GET {
             ApiError::outcome_unknown(
                 "the leader did not answer; the request may or may not have applied (retry with the same Idempotency-Key)",
             )
@@ -134,22 +215,21 @@ async fn relay(
         }
     };
     loop {
-        let mut out = ctx
-            .http
+        let mut out = http
             .request(
-                method.clone(),
-                format!("{}{path}", target_url.trim_end_matches('/')),
+                req.method.clone(),
+                format!("{}{}", target_url.trim_end_matches('/'), req.path),
             )
             .timeout(FORWARD_TIMEOUT)
-            .body(bytes.clone());
+            .body(req.body.clone());
         for name in FORWARDED_HEADERS {
-            if let Some(v) = parts.headers.get(name) {
+            if let Some(v) = req.headers.get(name) {
                 out = out.header(name, v.as_bytes());
             }
         }
         out = out
-            .header(PEER_HEADER, &ctx.peer_token)
-            .header(HOPS_HEADER, hops.to_string());
+            .header(PEER_HEADER, peer_token)
+            .header(HOPS_HEADER, req.hops.to_string());
         let err = match out.send().await {
             Ok(resp) => return relay_answer(resp).await,
             Err(e) => e,
@@ -157,14 +237,10 @@ async fn relay(
         maybe_sent |= !err.is_connect();
         // The request certainly did not arrive (connect failed), or may be resent safely:
         // wait for leadership to move (or the leader to come back) and try again.
-        if (err.is_connect() || resendable) && tokio::time::Instant::now() < deadline {
-            let me = ctx.cfg.node_id;
-            ctx.consensus
-                .wait_for(Duration::from_millis(200), |s| {
-                    s.leader_id.is_some_and(|l| l != target_id) || s.state == "Leader"
-                })
-                .await;
-            if ctx.consensus.is_leader() && me != target_id {
+        if (err.is_connect() || req.resendable) && tokio::time::Instant::now() < deadline {
+            let me = view.me();
+            view.wait_moved(target_id, Duration::from_millis(200)).await;
+            if view.is_leader() && me != target_id {
                 return Err(unknown_or(
                     maybe_sent,
                     ApiError::unavailable(
@@ -173,8 +249,8 @@ async fn relay(
                     ),
                 ));
             }
-            if let Some((id, url)) = ctx.consensus.leader().filter(|(id, _)| *id != me) {
-                (target_id, target_url) = (id, ctx.peer_url(id, &url));
+            if let Some((id, url)) = view.leader().filter(|(id, _)| *id != me) {
+                (target_id, target_url) = (id, url);
             }
             continue;
         }
@@ -202,4 +278,215 @@ async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
         response.headers_mut().insert("content-type", ct);
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The relay's answer when the leader's connection breaks, without a cluster: a scripted
+    //! leadership view and a fake leader on a loopback socket. Regression for the chaos
+    //! checker's finding (fixed in 3bbbd90): a relayed write with an Idempotency-Key whose
+    //! connection broke after it was sent was answered `no_leader` ("certainly failed")
+    //! although the leader may have applied it.
+
+    use std::sync::Arc;
+    use std::sync::Mutex;
+
+    use axum::http::HeaderMap;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Leadership that never moves while the relay waits: like `Consensus::wait_for`, the wait
+    /// ends when its time is up.
+    struct Steady {
+        leader: (u64, String),
+        moved: tokio::sync::Notify,
+        /// This member won an election meanwhile (it leads once the relay looks again).
+        leads_now: bool,
+    }
+
+    impl LeaderView for Steady {
+        fn me(&self) -> u64 {
+            1
+        }
+        fn is_leader(&self) -> bool {
+            self.leads_now
+        }
+        fn leader(&self) -> Option<(u64, String)> {
+            Some(self.leader.clone())
+        }
+        async fn wait_moved(&self, _from: u64, within: Duration) {
+            let _ = tokio::time::timeout(within, self.moved.notified()).await;
+        }
+    }
+
+    /// Read one HTTP/1.1 request (head and `content-length` body) as text.
+    async fn read_request(sock: &mut tokio::net::TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&buf).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    return text;
+                }
+            }
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return String::from_utf8_lossy(&buf).to_string(),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// A leader that reads each request in full and closes the connection without answering;
+    /// after `serve` requests it stops listening (it died: connections are refused from then
+    /// on). Returns its URL and the requests it read.
+    async fn mute_leader(serve: usize) -> (String, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            for _ in 0..serve {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                let request = read_request(&mut sock).await;
+                log.lock().unwrap().push(request);
+                drop(sock);
+            }
+        });
+        (url, seen)
+    }
+
+    /// A URL where nothing listens: every connection is refused.
+    async fn nobody() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        url
+    }
+
+    fn request(method: &str, path: &str, key: Option<&str>, body: &str) -> Relayed {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        if let Some(k) = key {
+            headers.insert("idempotency-key", HeaderValue::from_str(k).unwrap());
+        }
+        let m = axum::http::Method::from_bytes(method.as_bytes()).unwrap();
+        Relayed {
+            resendable: safe_to_resend(&m, path, &headers),
+            method: reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+            path: path.to_string(),
+            headers,
+            body: axum::body::Bytes::from(body.to_string()),
+            hops: 1,
+        }
+    }
+
+    /// What the relay answers for `req` sent to the leader at `url`: (status, error code).
+    async fn relay_to(url: &str, req: &Relayed) -> (u16, &'static str) {
+        relay_with(url, req, false).await
+    }
+
+    async fn relay_with(url: &str, req: &Relayed, leads_now: bool) -> (u16, &'static str) {
+        let view = Steady {
+            leader: (2, url.to_string()),
+            moved: tokio::sync::Notify::new(),
+            leads_now,
+        };
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let leader_wait = Duration::from_secs(1);
+        match send_to_leader(&view, &http, "peer", req, view.leader.clone(), leader_wait).await {
+            Ok(r) => panic!(
+                "the relay answered {} for a leader that never answers",
+                r.status()
+            ),
+            Err(e) => (e.status.as_u16(), e.code),
+        }
+    }
+
+    const ALLOCATE: &str = r#"{"owner": "regression", "accelerators": 1}"#;
+
+    #[tokio::test]
+    async fn a_keyed_write_whose_leader_read_it_and_broke_the_connection_is_outcome_unknown() {
+        let (url, seen) = mute_leader(usize::MAX).await;
+        let req = request("POST", "/api/v1/allocations", Some("k-1"), ALLOCATE);
+        assert!(req.resendable);
+        assert_eq!(relay_to(&url, &req).await, (503, "outcome_unknown"));
+        // It was resent while the deadline allowed, always with its key and body.
+        let seen = seen.lock().unwrap();
+        assert!(seen.len() >= 2, "resent {} times", seen.len());
+        for r in seen.iter() {
+            assert!(r.starts_with("POST /api/v1/allocations HTTP/1.1"), "{r}");
+            assert!(
+                r.to_ascii_lowercase().contains("idempotency-key: k-1"),
+                "{r}"
+            );
+            assert!(r.ends_with(ALLOCATE), "{r}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_keyed_write_whose_leader_died_after_reading_it_is_outcome_unknown_although_later_attempts_cannot_connect()
+     {
+        let (url, seen) = mute_leader(1).await;
+        let req = request("POST", "/api/v1/allocations", Some("k-2"), ALLOCATE);
+        assert_eq!(relay_to(&url, &req).await, (503, "outcome_unknown"));
+        assert_eq!(seen.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_enrolment_whose_connection_broke_after_sending_is_outcome_unknown_and_not_resent() {
+        let (url, seen) = mute_leader(usize::MAX).await;
+        let req = request("POST", "/api/v1/agent/enroll", None, r#"{"token": "x"}"#);
+        assert!(!req.resendable);
+        assert_eq!(relay_to(&url, &req).await, (503, "outcome_unknown"));
+        assert_eq!(seen.lock().unwrap().len(), 1, "an enrolment was resent");
+    }
+
+    /// The relay's member became the leader after the old leader read the write: the old
+    /// leader may still have committed it, so this is not a plain `leader_changed`.
+    #[tokio::test]
+    async fn a_keyed_write_broken_after_sending_while_this_member_took_over_is_outcome_unknown() {
+        let (url, _) = mute_leader(usize::MAX).await;
+        let req = request("POST", "/api/v1/allocations", Some("k-4"), ALLOCATE);
+        assert_eq!(relay_with(&url, &req, true).await, (503, "outcome_unknown"));
+        let url = nobody().await;
+        assert_eq!(relay_with(&url, &req, true).await, (503, "leader_changed"));
+    }
+
+    /// The control: a write that never reached a leader certainly failed.
+    #[tokio::test]
+    async fn a_write_that_could_not_connect_to_any_leader_is_no_leader() {
+        let url = nobody().await;
+        for req in [
+            request("POST", "/api/v1/allocations", Some("k-3"), ALLOCATE),
+            request("POST", "/api/v1/agent/enroll", None, "{}"),
+        ] {
+            assert_eq!(relay_to(&url, &req).await, (503, "no_leader"));
+        }
+    }
+
+    /// A read changes nothing, so a broken read is never an unknown outcome.
+    #[tokio::test]
+    async fn a_read_whose_connection_broke_is_no_leader() {
+        let (url, seen) = mute_leader(usize::MAX).await;
+        let req = request("GET", "/api/v1/admin/hardware/nodes", None, "");
+        assert_eq!(relay_to(&url, &req).await, (503, "no_leader"));
+        assert!(!seen.lock().unwrap().is_empty());
+    }
 }

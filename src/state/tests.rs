@@ -140,9 +140,11 @@ fn revocation_spends_the_claim_and_is_never_undone() {
             credential_ids: vec!["c1".into()]
         }
     );
-    assert!(
-        enroll(&mut s, "r2", 1003, "t1", "keyA", "nA", "c2").is_err(),
-        "replaying the old token cannot undo a revocation"
+    let e = enroll(&mut s, "r2", 1003, "t1", "keyA", "nA", "c2").unwrap_err();
+    assert_eq!(
+        (e.status, e.code.as_str()),
+        (401, "token_already_claimed"),
+        "replaying the old token cannot undo a revocation: {e:?}"
     );
     // A second revoke is safe and reports nothing more.
     let r = s
@@ -276,7 +278,8 @@ fn audit_chain_detects_tampering() {
     assert_eq!(verify_audit_chain(&edited), Err(2));
     let mut dropped = s.audit.clone();
     dropped.remove(1);
-    assert!(verify_audit_chain(&dropped).is_err());
+    // The event after the dropped one is the first out of sequence.
+    assert_eq!(verify_audit_chain(&dropped), Err(3));
 }
 
 #[test]
@@ -612,8 +615,15 @@ fn a_gpu_is_never_allocated_twice_and_an_idempotency_key_returns_the_first_answe
     );
     assert_eq!(s.sched.allocations.len(), 1);
     // A GPU outside the inventory, or named twice, is refused.
-    assert!(allocate(&mut s, "a4", "n1", &["G9"], None).is_err());
-    assert!(allocate(&mut s, "a5", "n1", &["G2", "G2"], None).is_err());
+    for (id, uuids) in [("a4", &["G9"][..]), ("a5", &["G2", "G2"][..])] {
+        let e = allocate(&mut s, id, "n1", uuids, None).unwrap_err();
+        assert_eq!(
+            (e.status, e.code.as_str()),
+            (409, "no_capacity"),
+            "{uuids:?}: {e:?}"
+        );
+    }
+    assert!(!s.sched.allocations.contains_key("a4") && !s.sched.allocations.contains_key("a5"));
     assert!(allocate(&mut s, "a6", "n1", &["G2"], None).is_ok());
 }
 
@@ -680,7 +690,19 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
         2,
         "a stale execute released something"
     );
-    let _ = s.release(2_002, "a0", "test");
+    assert_eq!(
+        s.release(2_002, "a0", "test"),
+        Ok(Outcome::Released {
+            allocation_id: "a0".into()
+        })
+    );
+    // Releasing it again is refused, and says why.
+    let e = s.release(2_002, "a0", "test").unwrap_err();
+    assert_eq!(
+        (e.status, e.code.as_str()),
+        (404, "allocation_not_found"),
+        "{e:?}"
+    );
     preview(&mut s, "p1", 3_000, "pv1", "n1").unwrap();
     execute(&mut s, "x1", 3_001, "pv1", "n1").unwrap();
     assert!(s.sched.allocations.is_empty());

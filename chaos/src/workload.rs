@@ -85,7 +85,13 @@ async fn send(
                 return (Outcome::ok(), v);
             }
             let code = v["error"]["code"].as_str().unwrap_or("").to_string();
-            if status == 503 && code == "outcome_unknown" || status >= 500 && code.is_empty() {
+            // `already_created`: a relay resent the creation after a cut connection and the
+            // first one applied; the token is shown only once, so the answer cannot carry it.
+            // Applied, then, but without its id: recorded as unknown and resolved by its note.
+            if status == 503 && code == "outcome_unknown"
+                || status >= 500 && code.is_empty()
+                || status == 409 && code == "already_created"
+            {
                 return (
                     Outcome::Unknown {
                         why: format!("{status} {code}"),

@@ -16,21 +16,6 @@ type Case = (
     &'static str,
 );
 
-/// What the leader writes by itself, on timers, is put off beyond the test, so that the state
-/// digest moves only if a bad request wrote something: refusals naming a real node are folded
-/// into its history by the periodic events write (legitimately: the contract shows them on the
-/// node), a silent node's status transitions too, and credential uses are written coalesced.
-const NO_TIMED_WRITES: &[&str] = &[
-    "--events-interval",
-    "1h",
-    "--touch-interval",
-    "1h",
-    "--stale-after",
-    "1h",
-    "--offline-after",
-    "2h",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_errors_and_change_nothing() {
     let mut c = Cluster::start_with(3, NO_TIMED_WRITES).await;
@@ -40,27 +25,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let (nid, cred) = a.wait_enrolled(None).await;
     // The agent's first heartbeat writes the credential's first use: wait for it, so that no
     // request of the agent's is still writing when the digest is taken.
-    wait_until("the credential's first use is replicated", WAIT, || {
-        let this = &c;
-        let nid = nid.clone();
-        async move {
-            let (s, v) = call(
-                "GET",
-                &format!(
-                    "{}/api/v1/admin/hardware/nodes/{nid}/credentials",
-                    this.url(1)
-                ),
-                Some(ADMIN),
-                None,
-            )
-            .await;
-            let used = v["credentials"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| c["last_used_at"].is_string()));
-            (s == 200 && used).then_some(())
-        }
-    })
-    .await;
+    c.wait_first_use(&nid).await;
     a.stop();
     assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![200, 200, 200]);
     c.wait_converged().await;

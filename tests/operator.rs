@@ -221,45 +221,15 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
-    // No timed write may land between the digests however slowly this runs: the node never
-    // turns stale (a status event) and uses are never written coalesced.
-    let mut c = Cluster::start_with(
-        1,
-        &[
-            "--stale-after",
-            "1h",
-            "--offline-after",
-            "2h",
-            "--touch-interval",
-            "1h",
-        ],
-    )
-    .await;
+    // No timed write may land between the digests however slowly this runs (the periodic
+    // events write, status transitions and coalesced uses are put off), and the agent stops
+    // once its own first use is replicated.
+    let mut c = Cluster::start_with(1, NO_TIMED_WRITES).await;
     let t = c.new_token(600).await;
     let mut a = Agent::new(c.root(), "a", c.urls());
     a.start(Some(&t));
     let (nid, _) = a.wait_enrolled(None).await;
-    // Quiet the node: the agent stops once its "online" status is recorded, so no background
-    // write (status event, first use) lands between the two digests.
-    let u = c.url(1);
-    wait_until("the node's online status to be recorded", WAIT, || {
-        let (u, nid) = (u.clone(), nid.clone());
-        async move {
-            let (_, v) = call(
-                "GET",
-                &format!("{u}/api/v1/admin/hardware/nodes/{nid}"),
-                Some(ADMIN),
-                None,
-            )
-            .await;
-            v["history"]
-                .as_array()?
-                .iter()
-                .any(|e| e["kind"] == "status" && e["detail"] == "online")
-                .then_some(())
-        }
-    })
-    .await;
+    c.wait_first_use(&nid).await;
     a.stop();
     let digest = c.wait_converged().await;
     let base = format!("/api/v1/admin/hardware/nodes/{nid}/decommission");

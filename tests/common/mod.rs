@@ -18,6 +18,21 @@ use serde_json::json;
 pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// What the leader writes by itself, on timers, put off beyond a test, so that the state digest
+/// moves only if a request wrote something: refusals naming a real node are folded into its
+/// history by the periodic events write (legitimately: the contract shows them on the node), a
+/// silent node's status transitions too, and credential uses are written coalesced.
+pub const NO_TIMED_WRITES: &[&str] = &[
+    "--events-interval",
+    "1h",
+    "--touch-interval",
+    "1h",
+    "--stale-after",
+    "1h",
+    "--offline-after",
+    "2h",
+];
+
 /// The `modelforge` binary: cargo's, unless `MF_TEST_BIN_DIR` names a folder holding a copy
 /// (for a target dir shared with other builds, whose binaries can change under a test run).
 pub fn server_bin() -> PathBuf {
@@ -456,6 +471,27 @@ impl Cluster {
             .await;
         assert_eq!(s, 200, "{v}");
         v
+    }
+
+    /// Wait until the node's credential has its first use replicated: the write an agent's
+    /// first heartbeat makes. After it (and with `NO_TIMED_WRITES`), a stopped agent leaves no
+    /// write of its own still to land.
+    pub async fn wait_first_use(&mut self, node_id: &str) {
+        let url = format!(
+            "{}/api/v1/admin/hardware/nodes/{node_id}/credentials",
+            self.url(1)
+        );
+        wait_until("the credential's first use is replicated", WAIT, || {
+            let url = url.clone();
+            async move {
+                let (s, v) = call("GET", &url, Some(ADMIN), None).await;
+                let used = v["credentials"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["last_used_at"].is_string()));
+                (s == 200 && used).then_some(())
+            }
+        })
+        .await;
     }
 
     pub async fn heartbeat_all(&mut self, node_id: &str, credential: &str) -> Vec<u16> {

@@ -173,6 +173,19 @@ fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Child
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
 
+/// Wait for a child to exit by itself; its exit code (-1: a signal).
+async fn wait_child_exit(child: &mut Child, what: &str) -> i32 {
+    wait_until(what, WAIT, || {
+        let r = child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map(|s| s.code().unwrap_or(-1));
+        async move { r }
+    })
+    .await
+}
+
 fn signal(child: &Child, sig: i32) {
     // SAFETY: plain kill(2) on our own child's process group.
     unsafe {
@@ -312,15 +325,7 @@ impl Cluster {
         let child = self.procs[(id - 1) as usize]
             .as_mut()
             .expect("member started");
-        let code = wait_until(&format!("member {id} to exit"), WAIT, || {
-            let r = child
-                .try_wait()
-                .ok()
-                .flatten()
-                .map(|s| s.code().unwrap_or(-1));
-            async move { r }
-        })
-        .await;
+        let code = wait_child_exit(child, &format!("member {id} to exit")).await;
         self.procs[(id - 1) as usize] = None;
         code
     }
@@ -634,15 +639,7 @@ impl Agent {
     /// Wait for the agent to exit; return its status code and its last log line.
     pub async fn wait_exit(&mut self) -> (i32, String) {
         let child = self.child.as_mut().expect("agent started");
-        let code = wait_until("the agent to exit", WAIT, || {
-            let r = child
-                .try_wait()
-                .ok()
-                .flatten()
-                .map(|s| s.code().unwrap_or(-1));
-            async move { r }
-        })
-        .await;
+        let code = wait_child_exit(child, "the agent to exit").await;
         self.child = None;
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         (code, log.lines().last().unwrap_or("").to_string())

@@ -17,6 +17,7 @@ use crate::state::ApplyResult;
 use crate::state::Command;
 use crate::state::Envelope;
 use crate::state::Refusal;
+use crate::state::RefusalCode;
 use crate::state::State;
 
 #[derive(Default)]
@@ -86,9 +87,8 @@ impl Replicated {
     /// Decode an answer produced by [`Application::apply`].
     pub fn decode_result(bytes: &[u8]) -> ApplyResult {
         codec::decode(bytes).unwrap_or_else(|e| {
-            Err(Refusal::new(
-                500,
-                "bad_command",
+            Err(Refusal::with(
+                RefusalCode::Internal,
                 format!("undecodable answer: {e}"),
             ))
         })
@@ -100,8 +100,7 @@ impl Application for Replicated {
         let result = match codec::decode::<Envelope>(command) {
             Ok(env) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-                let result = state.apply(log_index, &env);
-                let facts = std::mem::take(&mut state.journal.0);
+                let crate::state::Applied { result, facts } = state.apply(log_index, &env);
                 if let Some(j) = self.journal.get() {
                     j.append(log_index, facts);
                 }
@@ -129,9 +128,8 @@ impl Application for Replicated {
             Err(e) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
                 state.last_applied_index = log_index;
-                Err(Refusal::new(
-                    400,
-                    "bad_command",
+                Err(Refusal::with(
+                    RefusalCode::BadCommand,
                     format!("command does not decode: {e}"),
                 ))
             }

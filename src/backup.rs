@@ -60,6 +60,11 @@ pub struct Header {
 /// Encode a backup of `state`.
 pub fn encode(state: &State, cluster: &str, member: u64, now_ms: i64) -> Vec<u8> {
     let payload = modelforge_raft::codec::encode(state).unwrap_or_default();
+    frame(state, &payload, cluster, member, now_ms)
+}
+
+/// A backup file around an encoded `payload` (of `state`).
+fn frame(state: &State, payload: &[u8], cluster: &str, member: u64, now_ms: i64) -> Vec<u8> {
     let header = Header {
         format: FORMAT,
         cluster: cluster.to_string(),
@@ -67,7 +72,7 @@ pub fn encode(state: &State, cluster: &str, member: u64, now_ms: i64) -> Vec<u8>
         taken_by_member: member,
         applied_index: state.last_applied_index,
         state_clock_ms: state.clock_ms,
-        state_digest: modelforge_proto::hex(&sha2::Sha256::digest(&payload)),
+        state_digest: modelforge_proto::hex(&sha2::Sha256::digest(payload)),
         nodes: state.nodes.len(),
         credentials: state.credentials.len(),
         active_credentials: state
@@ -86,7 +91,7 @@ pub fn encode(state: &State, cluster: &str, member: u64, now_ms: i64) -> Vec<u8>
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(payload);
     let sum = sha2::Sha256::digest(&out);
     out.extend_from_slice(&sum);
     out
@@ -244,7 +249,6 @@ pub fn prepare(
         .map(|n| n.node_id.clone())
         .collect();
     state.sched.distrust_after_restore(enabled.into_iter());
-    state.journal.0.clear();
     report.cluster = write_base(data_dir, &state)?;
     write_atomic(
         &data_dir.join(REPORT_FILE),
@@ -325,6 +329,25 @@ mod tests {
             format!(
                 "{} already holds a member's state: restore into a fresh data dir",
                 data.display()
+            )
+        );
+    }
+
+    /// A backup of the previous state format (version 3 stored HTTP statuses in refusals) is
+    /// refused, and the refusal names both versions: a restore never misreads an old layout.
+    #[test]
+    fn a_backup_of_the_previous_state_format_is_refused_naming_both_versions() {
+        let state = sample();
+        let mut payload = modelforge_raft::codec::encode(&state).unwrap();
+        payload[0] = modelforge_raft::codec::FORMAT_VERSION - 1;
+        let bytes = frame(&state, &payload, "c", 1, 1_000);
+        let e = decode(&bytes).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "backup payload does not decode: record has format version {}, this build reads version {}",
+                modelforge_raft::codec::FORMAT_VERSION - 1,
+                modelforge_raft::codec::FORMAT_VERSION
             )
         );
     }

@@ -7,102 +7,52 @@ use modelforge_proto::wire::ErrorBody;
 use modelforge_proto::wire::ErrorDetail;
 
 use crate::state::Refusal;
+use modelforge_proto::api::ErrorCode;
 
-/// An error answered to a client as `{"error": {"code", "message"}}`.
+/// An error answered to a client as `{"error": {"code", "message"}}`. Its status is its
+/// code's (`modelforge_proto::api`, the one table of codes).
 ///
-/// Architecture invariant: a message never contains a secret; messages are written here or
-/// in `state.rs`, never copied from client input.
+/// Architecture invariant: a message never contains a secret; messages are written here, in
+/// the code table or in `state/`, never copied from client input.
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    /// An error with a message more specific than its code's.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: StatusCode::from_u16(code.status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             code,
             message: message.into(),
         }
     }
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
-    }
-    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code, message)
-    }
-    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, code, message)
-    }
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, code, message)
-    }
-    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+    /// An error with its code's own message.
+    pub fn of(code: ErrorCode) -> Self {
+        Self::new(code, code.message())
     }
     pub fn too_large() -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "the request body is larger than this endpoint accepts",
-        )
+        Self::of(ErrorCode::BodyTooLarge)
     }
     pub fn overloaded() -> Self {
-        Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "overloaded",
-            "too many requests are waiting for a secret check; retry shortly",
-        )
+        Self::of(ErrorCode::Overloaded)
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        Self::new(ErrorCode::Internal, message)
     }
     /// A write that may or may not have committed: retry with the same idempotency key.
     pub fn outcome_unknown(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "outcome_unknown", message)
+        Self::new(ErrorCode::OutcomeUnknown, message)
     }
 }
 
 impl From<Refusal> for ApiError {
     fn from(r: Refusal) -> Self {
-        let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::CONFLICT);
-        // Codes from the state machine are a closed set; keep them as static strings.
-        let code: &'static str = match r.code.as_str() {
-            "token_exists" => "token_exists",
-            "enrollment_not_found" => "enrollment_not_found",
-            "enrollment_claimed" => "enrollment_claimed",
-            "invalid_token" => "invalid_token",
-            "token_cancelled" => "token_cancelled",
-            "token_expired" => "token_expired",
-            "token_already_claimed" => "token_already_claimed",
-            "credential_exists" => "credential_exists",
-            "identity_decommissioned" => "identity_decommissioned",
-            "node_id_exists" => "node_id_exists",
-            "node_not_found" => "node_not_found",
-            "node_decommissioned" => "node_decommissioned",
-            "bad_command" => "bad_command",
-            "no_capacity" => "no_capacity",
-            "invalid_allocation" => "invalid_allocation",
-            "allocation_not_found" => "allocation_not_found",
-            "smoke_exists" => "smoke_exists",
-            "smoke_not_found" => "smoke_not_found",
-            "wrong_node" => "wrong_node",
-            "preview_exists" => "preview_exists",
-            "preview_not_found" => "preview_not_found",
-            "preview_for_other_node" => "preview_for_other_node",
-            "preview_used" => "preview_used",
-            "preview_expired" => "preview_expired",
-            "preview_stale" => "preview_stale",
-            "idempotency_key_reused" => "idempotency_key_reused",
-            _ => "refused",
-        };
-        Self {
-            status,
-            code,
-            message: r.message,
-        }
+        Self::new(r.code, r.message)
     }
 }
 
@@ -114,7 +64,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: ErrorDetail {
-                code: self.code.to_string(),
+                code: self.code.as_str().to_string(),
                 message: self.message,
             },
         };

@@ -62,6 +62,9 @@ pub enum Fact {
         node_id: String,
         public_key: String,
         at_ms: i64,
+        /// The operator's reason (absent in journals written before it was recorded).
+        #[serde(default)]
+        reason: String,
     },
 }
 
@@ -72,17 +75,6 @@ pub struct Line {
     pub index: u64,
     #[serde(flatten)]
     pub fact: Fact,
-}
-
-/// Facts decided by an apply, waiting to be written (not part of the replicated state: two
-/// states are equal whatever their pending facts).
-#[derive(Clone, Debug, Default)]
-pub struct Pending(pub Vec<Fact>);
-
-impl PartialEq for Pending {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
 }
 
 /// The appending side, shared by the apply path and the syncing thread.

@@ -11,6 +11,7 @@
 //! `skip_serializing_if`, `flatten` or `untagged` serde attributes: they are also encoded with
 //! a positional codec in the Raft log.
 
+pub mod api;
 pub mod identity;
 pub mod secret;
 pub mod wire;

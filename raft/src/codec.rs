@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Bumped whenever any persisted or wire type changes shape. A cluster is upgraded as a whole.
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

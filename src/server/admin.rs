@@ -28,6 +28,7 @@ use crate::state::Node;
 use crate::state::Outcome;
 use crate::state::State as Replicated;
 use crate::supervisor::NodeLive;
+use modelforge_proto::api::ErrorCode;
 
 const MAX_NOTE_LEN: usize = 1024;
 
@@ -54,8 +55,8 @@ pub async fn create_enrollment(
     require_admin(&ctx, &headers)?;
     let ttl = req.ttl_seconds.unwrap_or(ctx.cfg.default_token_ttl_s);
     if ttl == 0 || ttl > ctx.cfg.max_token_ttl_s {
-        return Err(ApiError::bad_request(
-            "invalid_ttl",
+        return Err(ApiError::new(
+            ErrorCode::InvalidTtl,
             format!(
                 "ttl_seconds must be between 1 and {}",
                 ctx.cfg.max_token_ttl_s
@@ -67,8 +68,8 @@ pub async fn create_enrollment(
         .as_ref()
         .is_some_and(|n| n.len() > MAX_NOTE_LEN || n.chars().any(|c| c.is_control()))
     {
-        return Err(ApiError::bad_request(
-            "invalid_note",
+        return Err(ApiError::new(
+            ErrorCode::InvalidNote,
             "note must be at most 1024 bytes of printable text",
         ));
     }
@@ -98,8 +99,7 @@ pub async fn create_enrollment(
             expires_at_ms,
             ..
         } => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "already_created",
+            ErrorCode::AlreadyCreated,
             format!(
                 "this Idempotency-Key already created enrolment {token_id} (expires {}); its token is shown only once",
                 rfc3339_ms(expires_at_ms)
@@ -149,22 +149,7 @@ pub async fn cancel_enrollment(
     // Refuse what cannot succeed without a replicated write (a bad request changes nothing);
     // apply decides again, for the races.
     ctx.linearize().await?;
-    match ctx.app.read().tokens.get(&id) {
-        None => {
-            return Err(ApiError::not_found(
-                "enrollment_not_found",
-                "no enrolment token with this id",
-            ));
-        }
-        Some(t) if t.claim.is_some() => {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "enrollment_claimed",
-                "the token was already claimed; revoke the node's credential instead",
-            ));
-        }
-        Some(_) => {}
-    }
+    ctx.app.read().check_cancel(&id)?;
     match ctx
         .propose("admin", rid, Command::CancelToken { token_id: id })
         .await?
@@ -267,8 +252,8 @@ pub async fn list_nodes(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     let Query(q) = query.map_err(|_| {
-        ApiError::bad_request(
-            "invalid_query",
+        ApiError::new(
+            ErrorCode::InvalidQuery,
             "known filters: hostname=<name>, enabled=true|false",
         )
     })?;
@@ -306,7 +291,7 @@ pub async fn show_node(
     let node = s
         .nodes
         .get(&node_id)
-        .ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
+        .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
     let mut v = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
     let history: Vec<Value> = node
         .history
@@ -337,8 +322,8 @@ pub async fn telemetry(
     check_id("node_id", &node_id)?;
     ctx.linearize().await?;
     if !ctx.app.read().nodes.contains_key(&node_id) {
-        return Err(ApiError::not_found(
-            "node_not_found",
+        return Err(ApiError::new(
+            ErrorCode::NodeNotFound,
             "no node with this id",
         ));
     }
@@ -364,7 +349,7 @@ pub async fn list_credentials(
     let node = s
         .nodes
         .get(&node_id)
-        .ok_or_else(|| ApiError::not_found("node_not_found", "no node with this id"))?;
+        .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
     let creds: Vec<Value> = node
         .credential_ids
         .iter()
@@ -406,8 +391,8 @@ pub async fn revoke_credential(
         .reason
         .unwrap_or_else(|| "revoked by admin".to_string());
     if reason.len() > MAX_NOTE_LEN || reason.chars().any(|c| c.is_control()) {
-        return Err(ApiError::bad_request(
-            "invalid_reason",
+        return Err(ApiError::new(
+            ErrorCode::InvalidReason,
             "reason must be at most 1024 bytes of printable text",
         ));
     }
@@ -418,8 +403,8 @@ pub async fn revoke_credential(
     )?;
     ctx.linearize().await?;
     if !ctx.app.read().nodes.contains_key(&node_id) {
-        return Err(ApiError::not_found(
-            "node_not_found",
+        return Err(ApiError::new(
+            ErrorCode::NodeNotFound,
             "no node with this id",
         ));
     }
@@ -481,8 +466,8 @@ pub async fn decommission_preview(
     )?;
     ctx.linearize().await?;
     if !ctx.app.read().nodes.contains_key(&node_id) {
-        return Err(ApiError::not_found(
-            "node_not_found",
+        return Err(ApiError::new(
+            ErrorCode::NodeNotFound,
             "no node with this id",
         ));
     }
@@ -527,8 +512,8 @@ pub async fn decommission_execute(
     check_id("preview_id", &body.preview_id)?;
     let reason = body.reason.trim().to_string();
     if reason.is_empty() || reason.len() > MAX_NOTE_LEN || reason.chars().any(|c| c.is_control()) {
-        return Err(ApiError::bad_request(
-            "invalid_reason",
+        return Err(ApiError::new(
+            ErrorCode::InvalidReason,
             "reason must be 1 to 1024 bytes of printable text",
         ));
     }
@@ -543,27 +528,14 @@ pub async fn decommission_execute(
     {
         let s = ctx.app.read();
         if !s.nodes.contains_key(&node_id) {
-            return Err(ApiError::not_found(
-                "node_not_found",
+            return Err(ApiError::new(
+                ErrorCode::NodeNotFound,
                 "no node with this id",
             ));
         }
-        let already_answered = s.dedup.contains_key(&rid);
-        match s.previews.get(&body.preview_id) {
-            None if !already_answered => {
-                return Err(ApiError::not_found(
-                    "preview_not_found",
-                    "no decommission preview with this id (previews expire after 15 minutes); preview again",
-                ));
-            }
-            Some(p) if p.node_id != node_id => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "preview_for_other_node",
-                    format!("preview {} is for node {}", p.preview_id, p.node_id),
-                ));
-            }
-            _ => {}
+        // A retry of an answered execute gets its answer, even once the preview is gone.
+        if !s.dedup.contains_key(&rid) {
+            s.check_preview_target(&body.preview_id, &node_id)?;
         }
     }
     let cmd = Command::ExecuteDecommission {
@@ -617,7 +589,7 @@ pub async fn audit(
         Some(s) => Some(
             humantime::parse_rfc3339_weak(s)
                 .map_err(|_| {
-                    ApiError::bad_request("invalid_since", "since must be an RFC 3339 time")
+                    ApiError::new(ErrorCode::InvalidSince, "since must be an RFC 3339 time")
                 })?
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)

@@ -36,13 +36,14 @@ use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
 use crate::state::inventory_digest;
+use modelforge_proto::api::ErrorCode;
 
 const MAX_ACCELERATORS: usize = 256;
 const MAX_STORAGE_ROOTS: usize = 64;
 const MAX_FIELD_LEN: usize = 512;
 
 fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
-    let bad = |m: &str| Err(ApiError::bad_request("invalid_inventory", m.to_string()));
+    let bad = |m: &str| Err(ApiError::new(ErrorCode::InvalidInventory, m.to_string()));
     if inv.accelerators.len() > MAX_ACCELERATORS {
         return bad("too many accelerators");
     }
@@ -83,68 +84,44 @@ pub async fn enroll(
     JsonBody(req): JsonBody<EnrollRequest>,
 ) -> Result<Response, ApiError> {
     if !modelforge_proto::valid_hostname(&req.hostname) {
-        return Err(ApiError::bad_request(
-            "invalid_hostname",
+        return Err(ApiError::new(
+            ErrorCode::InvalidHostname,
             "hostname must be 1 to 253 letters, digits, '-', '_' or '.'",
         ));
     }
     check_inventory(&req.inventory)?;
     let token = Secret::parse(SecretKind::EnrollmentToken, &req.token).map_err(|e| {
-        ApiError::unauthorized(
-            "invalid_token",
+        ApiError::new(
+            ErrorCode::InvalidToken,
             format!("the enrolment token is malformed: {e}"),
         )
     })?;
     identity::verify(&req.identity, token.id(), &req.hostname, now_ms())
-        .map_err(|e| ApiError::unauthorized("invalid_identity_proof", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidIdentityProof, e.to_string()))?;
     ctx.linearize().await?;
-    let (hash, precheck) = {
+    // The same check apply makes, asked before the argon2 verify (apply decides again).
+    let hash = {
         let s = ctx.app.read();
-        let Some(t) = s.tokens.get(token.id()) else {
-            return Err(ApiError::unauthorized(
-                "invalid_token",
-                "the enrolment token is unknown",
-            ));
-        };
-        let claimed_by_other = t
-            .claim
-            .as_ref()
-            .is_some_and(|c| c.public_key != req.identity.public_key || c.spent);
-        let precheck = if t.cancelled_at_ms.is_some() {
-            Some(ApiError::unauthorized(
-                "token_cancelled",
-                "the enrolment token was cancelled",
-            ))
-        } else if now_ms() > t.expires_at_ms {
-            Some(ApiError::unauthorized(
-                "token_expired",
-                "the enrolment token has expired",
-            ))
-        } else if claimed_by_other {
-            Some(ApiError::unauthorized(
-                "token_already_claimed",
-                "the enrolment token was already claimed",
-            ))
-        } else {
-            None
-        };
-        (t.hash.clone(), precheck)
+        match s.check_claim(token.id(), &req.identity.public_key, now_ms()) {
+            Ok(t) => t.hash.clone(),
+            Err(refusal) => {
+                let e = ApiError::from(refusal);
+                tracing::info!(
+                    enrollment_id = token.id(),
+                    code = e.code.as_str(),
+                    "enrolment refused"
+                );
+                return Err(e);
+            }
+        }
     };
-    if let Some(e) = precheck {
-        tracing::info!(
-            enrollment_id = token.id(),
-            code = e.code,
-            "enrolment refused"
-        );
-        return Err(e);
-    }
     if !ctx.hasher.verify(hash, token.expose().to_string()).await? {
         tracing::info!(
             enrollment_id = token.id(),
             "enrolment refused: token secret does not match"
         );
-        return Err(ApiError::unauthorized(
-            "invalid_token",
+        return Err(ApiError::new(
+            ErrorCode::InvalidToken,
             "the enrolment token is not valid",
         ));
     }
@@ -207,7 +184,7 @@ async fn authenticate(
     {
         // The shard keeps it only for nodes that exist; never a replicated write per refusal.
         ctx.live.sup.refused(node_id, e.status.as_u16(), now_ms());
-        tracing::debug!(node_id, code = e.code, "agent request refused");
+        tracing::debug!(node_id, code = e.code.as_str(), "agent request refused");
     }
     result
 }
@@ -219,8 +196,8 @@ async fn authenticate_inner(
 ) -> Result<String, ApiError> {
     let presented = bearer(headers)?;
     let secret = Secret::parse(SecretKind::NodeCredential, presented).map_err(|e| {
-        ApiError::unauthorized(
-            "invalid_credential",
+        ApiError::new(
+            ErrorCode::InvalidCredential,
             format!("the credential is malformed: {e}"),
         )
     })?;
@@ -228,8 +205,8 @@ async fn authenticate_inner(
     let revoked_or_missing = |ctx: &Shared| {
         let s = ctx.app.read();
         match s.credentials.get(secret.id()) {
-            None => Err(ApiError::unauthorized(
-                "invalid_credential",
+            None => Err(ApiError::new(
+                ErrorCode::InvalidCredential,
                 "the credential matches no stored credential",
             )),
             Some(c)
@@ -238,13 +215,13 @@ async fn authenticate_inner(
                         .get(&c.node_id)
                         .is_some_and(|n| n.decommissioned_at_ms.is_some()) =>
             {
-                Err(ApiError::unauthorized(
-                    "node_decommissioned",
+                Err(ApiError::new(
+                    ErrorCode::CredentialOfDecommissionedNode,
                     "the credential was revoked because its node was decommissioned; this identity can never enrol again",
                 ))
             }
-            Some(c) if c.revoked_at_ms.is_some() => Err(ApiError::unauthorized(
-                "credential_revoked",
+            Some(c) if c.revoked_at_ms.is_some() => Err(ApiError::new(
+                ErrorCode::CredentialRevoked,
                 "the credential was revoked",
             )),
             Some(c) => Ok((c.hash.clone(), c.node_id.clone())),
@@ -254,8 +231,8 @@ async fn authenticate_inner(
     let digest = secret.fast_digest();
     if !ctx.app.is_verified(secret.id(), &digest) {
         if !ctx.hasher.verify(hash, secret.expose().to_string()).await? {
-            return Err(ApiError::unauthorized(
-                "invalid_credential",
+            return Err(ApiError::new(
+                ErrorCode::InvalidCredential,
                 "the credential matches no stored credential",
             ));
         }
@@ -269,8 +246,8 @@ async fn authenticate_inner(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if owner != node_id {
-        return Err(ApiError::forbidden(
-            "credential_for_other_node",
+        return Err(ApiError::new(
+            ErrorCode::CredentialForOtherNode,
             "the credential is valid but belongs to another node",
         ));
     }
@@ -374,8 +351,8 @@ pub async fn smoke_report(
     let credential_id = authenticate(&ctx, &node_id, &headers).await?;
     check_id("smoke_id", &smoke_id)?;
     if report.checks.is_empty() || report.checks.len() > 1024 {
-        return Err(ApiError::bad_request(
-            "invalid_smoke_report",
+        return Err(ApiError::new(
+            ErrorCode::InvalidSmokeReport,
             "a smoke report has 1 to 1024 checks",
         ));
     }
@@ -384,8 +361,8 @@ pub async fn smoke_report(
         .iter()
         .any(|c| c.name.is_empty() || c.name.len() > MAX_FIELD_LEN || c.detail.len() > 4096)
     {
-        return Err(ApiError::bad_request(
-            "invalid_smoke_report",
+        return Err(ApiError::new(
+            ErrorCode::InvalidSmokeReport,
             "a check needs a name under 512 bytes and a detail under 4096",
         ));
     }

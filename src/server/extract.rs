@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use super::Ctx;
 use crate::error::ApiError;
 use crate::secrets;
+use modelforge_proto::api::ErrorCode;
 
 /// A JSON body. An empty body reads as `{}`. Errors never echo the input (it may hold a
 /// secret): a data error names the position, a missing field names the field.
@@ -24,7 +25,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     ApiError::too_large()
                 } else {
-                    ApiError::bad_request("unreadable_body", "the request body could not be read")
+                    ApiError::new(
+                        ErrorCode::UnreadableBody,
+                        "the request body could not be read",
+                    )
                 }
             })?;
         let bytes: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
@@ -51,11 +55,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 }
             };
             let code = if matches!(e.classify(), serde_json::error::Category::Data) {
-                "invalid_body"
+                ErrorCode::InvalidBody
             } else {
-                "invalid_json"
+                ErrorCode::InvalidJson
             };
-            ApiError::bad_request(
+            ApiError::new(
                 code,
                 format!("{what} (line {}, column {})", e.line(), e.column()),
             )
@@ -66,25 +70,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// The bearer secret of the request, or a 401 that says what is wrong (never echoing it).
 pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
     let Some(v) = headers.get("authorization") else {
-        return Err(ApiError::unauthorized(
-            "unauthenticated",
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
             "this endpoint needs Authorization: Bearer <secret>",
         ));
     };
     let v = v.to_str().map_err(|_| {
-        ApiError::unauthorized("unauthenticated", "the Authorization header is not text")
+        ApiError::new(
+            ErrorCode::Unauthenticated,
+            "the Authorization header is not text",
+        )
     })?;
     let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(ApiError::unauthorized(
-            "unauthenticated",
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
             "the Authorization scheme must be Bearer",
         ));
     }
     let secret = rest.trim();
     if secret.is_empty() {
-        return Err(ApiError::unauthorized(
-            "unauthenticated",
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
             "the bearer secret is empty",
         ));
     }
@@ -94,8 +101,8 @@ pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 pub fn require_admin(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = bearer(headers)?;
     if !secrets::same_secret(given, &ctx.cfg.admin_token) {
-        return Err(ApiError::unauthorized(
-            "unauthenticated",
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
             "the admin token is not valid",
         ));
     }
@@ -110,8 +117,8 @@ pub fn check_id(what: &'static str, id: &str) -> Result<(), ApiError> {
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
     {
-        return Err(ApiError::bad_request(
-            "invalid_id",
+        return Err(ApiError::new(
+            ErrorCode::InvalidId,
             format!("{what} must be 1 to 64 letters, digits, '-' or '_'"),
         ));
     }
@@ -134,11 +141,14 @@ pub fn request_id(
         None => Ok(modelforge_proto::new_uuid()),
         Some(v) => {
             let key = v.to_str().map_err(|_| {
-                ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be text")
+                ApiError::new(
+                    ErrorCode::InvalidIdempotencyKey,
+                    "Idempotency-Key must be text",
+                )
             })?;
             if key.is_empty() || key.len() > 200 {
-                return Err(ApiError::bad_request(
-                    "invalid_idempotency_key",
+                return Err(ApiError::new(
+                    ErrorCode::InvalidIdempotencyKey,
                     "Idempotency-Key must be 1 to 200 characters",
                 ));
             }

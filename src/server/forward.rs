@@ -19,6 +19,7 @@ use modelforge_raft::network::PEER_HEADER;
 use super::Shared;
 use crate::error::ApiError;
 use crate::secrets;
+use modelforge_proto::api::ErrorCode;
 
 const HOPS_HEADER: &str = "x-modelforge-hops";
 const MAX_HOPS: u32 = 2;
@@ -52,7 +53,7 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         0
     };
     if hops >= MAX_HOPS {
-        return ApiError::unavailable("no_leader", "leadership is moving; retry shortly")
+        return ApiError::new(ErrorCode::NoLeader, "leadership is moving; retry shortly")
             .into_response();
     }
     let leader = if ctx
@@ -71,8 +72,11 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         ctx.consensus.leader()
     };
     let Some((leader_id, url)) = leader else {
-        return ApiError::unavailable("no_leader", "the cluster has no leader now; retry shortly")
-            .into_response();
+        return ApiError::new(
+            ErrorCode::NoLeader,
+            "the cluster has no leader now; retry shortly",
+        )
+        .into_response();
     };
     if leader_id == ctx.cfg.node_id {
         return next.run(req).await;
@@ -117,7 +121,7 @@ async fn relay(
         .unwrap_or("/")
         .to_string();
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
-        .map_err(|_| ApiError::bad_request("bad_method", "unsupported method"))?;
+        .map_err(|_| ApiError::new(ErrorCode::BadMethod, "unsupported method"))?;
     let relayed = Relayed {
         resendable: safe_to_resend(&parts.method, parts.uri.path(), &parts.headers),
         method,
@@ -231,6 +235,15 @@ async fn send_to_leader(
             .header(PEER_HEADER, peer_token)
             .header(HOPS_HEADER, req.hops.to_string());
         let err = match out.send().await {
+            // A later attempt's "cannot decide now" (503: not leader, no leader) says nothing
+            // of an earlier attempt that may have reached a leader and applied (found by the
+            // chaos checker: a resent cancel answered `not_leader` had applied).
+            Ok(resp) if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE && maybe_sent => {
+                return Err(unknown_or(
+                    maybe_sent,
+                    ApiError::new(ErrorCode::NoLeader, "the leader could not decide; retry"),
+                ));
+            }
             Ok(resp) => return relay_answer(resp).await,
             Err(e) => e,
         };
@@ -243,8 +256,8 @@ async fn send_to_leader(
             if view.is_leader() && me != target_id {
                 return Err(unknown_or(
                     maybe_sent,
-                    ApiError::unavailable(
-                        "leader_changed",
+                    ApiError::new(
+                        ErrorCode::LeaderChanged,
                         "this member became the leader meanwhile; retry",
                     ),
                 ));
@@ -256,8 +269,8 @@ async fn send_to_leader(
         }
         return Err(unknown_or(
             maybe_sent,
-            ApiError::unavailable(
-                "no_leader",
+            ApiError::new(
+                ErrorCode::NoLeader,
                 "the leader could not be reached; retry shortly",
             ),
         ));
@@ -415,7 +428,7 @@ mod tests {
                 "the relay answered {} for a leader that never answers",
                 r.status()
             ),
-            Err(e) => (e.status.as_u16(), e.code),
+            Err(e) => (e.status.as_u16(), e.code.as_str()),
         }
     }
 
@@ -456,6 +469,48 @@ mod tests {
         assert!(!req.resendable);
         assert_eq!(relay_to(&url, &req).await, (503, "outcome_unknown"));
         assert_eq!(seen.lock().unwrap().len(), 1, "an enrolment was resent");
+    }
+
+    /// A leader that reads the first request and breaks the connection (it may have applied
+    /// it), then answers every later one 503 `not_leader` (a new leader not ready yet).
+    async fn mute_then_not_leader() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((mut sock, _)) = listener.accept().await {
+                read_request(&mut sock).await;
+                if !std::mem::take(&mut first) {
+                    let body = r#"{"error":{"code":"not_leader","message":"x"}}"#;
+                    let answer = format!(
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
+                }
+            }
+        });
+        url
+    }
+
+    /// Chaos seed 1592590337: a keyed cancel whose first attempt was cut off after sending was
+    /// resent, the new leader answered 503 `not_leader`, and the relay passed that on as a
+    /// certain failure, although the first attempt had applied.
+    #[tokio::test]
+    async fn a_resent_write_answered_not_leader_after_a_cut_attempt_is_outcome_unknown() {
+        let url = mute_then_not_leader().await;
+        let req = request(
+            "DELETE",
+            "/api/v1/admin/node-enrollments/t1",
+            Some("k-5"),
+            "",
+        );
+        assert!(req.resendable);
+        assert_eq!(relay_to(&url, &req).await, (503, "outcome_unknown"));
+        // A read changes nothing, so it is never unknown.
+        let url = mute_then_not_leader().await;
+        let get = request("GET", "/api/v1/admin/hardware/nodes", None, "");
+        assert_eq!(relay_to(&url, &get).await, (503, "no_leader"));
     }
 
     /// The relay's member became the leader after the old leader read the write: the old

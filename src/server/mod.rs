@@ -49,6 +49,7 @@ use crate::secrets::Hasher;
 use crate::state::Command;
 use crate::state::Envelope;
 use crate::state::Outcome;
+use modelforge_proto::api::ErrorCode;
 
 /// Everything `serve` needs, validated once by the CLI.
 #[derive(Clone, Debug)]
@@ -280,11 +281,10 @@ pub fn router(ctx: Shared) -> Router {
         .route("/api/v1/admin/backup", get(backup::backup))
         .merge(leader_routes)
         .merge(peer_routes)
-        .fallback(|| async { ApiError::not_found("not_found", "no such endpoint") })
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "this endpoint does not take that method",
             )
         })
@@ -343,8 +343,8 @@ fn require_peer(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if given.is_empty() || !secrets::same_secret(given, &ctx.peer_token) {
-        return Err(ApiError::unauthorized(
-            "peer_unauthenticated",
+        return Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
             "peer endpoints need the cluster secret",
         ));
     }
@@ -361,12 +361,12 @@ async fn peer_rpc(
     match ctx.consensus.handle_peer_rpc(&kind, &body).await {
         Ok(bytes) => Ok(([("content-type", "application/octet-stream")], bytes).into_response()),
         Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => {
-            Err(ApiError::not_found("not_found", "no such peer rpc"))
+            Err(ApiError::new(ErrorCode::NotFound, "no such peer rpc"))
         }
         Err(modelforge_raft::network::PeerRpcError::BadBody(e)) => {
-            Err(ApiError::bad_request("bad_peer_body", e.to_string()))
+            Err(ApiError::new(ErrorCode::BadPeerBody, e.to_string()))
         }
-        Err(e) => Err(ApiError::unavailable("raft_unavailable", e.to_string())),
+        Err(e) => Err(ApiError::new(ErrorCode::RaftUnavailable, e.to_string())),
     }
 }
 
@@ -386,7 +386,7 @@ async fn peer_read_index(
     ctx.consensus
         .read_index()
         .await
-        .map_err(|e| ApiError::unavailable("not_leader", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorCode::NotLeader, e.to_string()))?;
     let applied = ctx.consensus.status().applied_index;
     Ok(axum::Json(json!({"index": applied})).into_response())
 }
@@ -399,18 +399,18 @@ async fn peer_propose(
 ) -> Result<Response, ApiError> {
     require_peer(&ctx, &headers)?;
     let mut env: Envelope =
-        codec::decode(&body).map_err(|e| ApiError::bad_request("bad_peer_body", e.to_string()))?;
+        codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
     // Re-stamped by the member that will propose it: expiry is decided by leader time.
     env.now_ms = env.now_ms.max(now_ms());
     let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;
     match ctx.consensus.write(bytes).await {
         Ok(answer) => Ok(([("content-type", "application/octet-stream")], answer).into_response()),
-        Err(WriteError::NotLeader { .. }) => Err(ApiError::unavailable(
-            "not_leader",
+        Err(WriteError::NotLeader { .. }) => Err(ApiError::new(
+            ErrorCode::NotLeader,
             "this member is not the leader",
         )),
         Err(WriteError::OutcomeUnknown(m)) => Err(ApiError::outcome_unknown(m)),
-        Err(WriteError::Fatal(m)) => Err(ApiError::unavailable("raft_unavailable", m)),
+        Err(WriteError::Fatal(m)) => Err(ApiError::new(ErrorCode::RaftUnavailable, m)),
     }
 }
 
@@ -423,7 +423,7 @@ async fn peer_verified(
 ) -> Result<Response, ApiError> {
     require_peer(&ctx, &headers)?;
     let entries: Vec<(String, [u8; 32])> =
-        codec::decode(&body).map_err(|e| ApiError::bad_request("bad_peer_body", e.to_string()))?;
+        codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
     let n = ctx.app.learn_verified(entries);
     ctx.checks
         .shared_in
@@ -528,7 +528,7 @@ impl Ctx {
                     continue;
                 }
                 Ok(Err(WriteError::Fatal(m))) => {
-                    return Err(ApiError::unavailable("raft_unavailable", m));
+                    return Err(ApiError::new(ErrorCode::RaftUnavailable, m));
                 }
             };
             return Replicated::decode_result(&answer).map_err(ApiError::from);
@@ -571,11 +571,11 @@ impl Ctx {
     pub async fn read_anywhere(&self) -> Result<(), ApiError> {
         if self.consensus.is_leader() {
             return self.consensus.read_index().await.map_err(|e| {
-                ApiError::unavailable("not_leader", format!("read index failed: {e}"))
+                ApiError::new(ErrorCode::NotLeader, format!("read index failed: {e}"))
             });
         }
         let Some((id, url)) = self.consensus.leader() else {
-            return Err(ApiError::unavailable("no_leader", "no leader is known"));
+            return Err(ApiError::new(ErrorCode::NoLeader, "no leader is known"));
         };
         let url = self.peer_url(id, &url);
         let v: serde_json::Value = self
@@ -589,18 +589,21 @@ impl Ctx {
             .send()
             .await
             .map_err(|e| {
-                ApiError::unavailable(
-                    "no_leader",
+                ApiError::new(
+                    ErrorCode::NoLeader,
                     format!("leader unreachable: {}", e.without_url()),
                 )
             })?
             .json()
             .await
             .map_err(|_| {
-                ApiError::unavailable("no_leader", "the leader did not answer the read index")
+                ApiError::new(
+                    ErrorCode::NoLeader,
+                    "the leader did not answer the read index",
+                )
             })?;
         let index = v["index"].as_u64().ok_or_else(|| {
-            ApiError::unavailable("no_leader", "the leader refused the read index")
+            ApiError::new(ErrorCode::NoLeader, "the leader refused the read index")
         })?;
         if self
             .consensus
@@ -609,8 +612,8 @@ impl Ctx {
         {
             Ok(())
         } else {
-            Err(ApiError::unavailable(
-                "not_caught_up",
+            Err(ApiError::new(
+                ErrorCode::NotCaughtUp,
                 "this member has not caught up with the leader",
             ))
         }
@@ -618,8 +621,8 @@ impl Ctx {
 
     pub async fn linearize(&self) -> Result<(), ApiError> {
         self.consensus.lease_read().await.map_err(|e| {
-            ApiError::unavailable(
-                "not_leader",
+            ApiError::new(
+                ErrorCode::NotLeader,
                 format!("this member cannot serve a consistent read now: {e}"),
             )
         })?;
@@ -748,7 +751,10 @@ async fn write_coalesced_uses(ctx: Shared) {
                 .propose("system", modelforge_proto::new_uuid(), cmd)
                 .await
             {
-                tracing::warn!(code = e.code, "coalesced last_used_at write failed");
+                tracing::warn!(
+                    code = e.code.as_str(),
+                    "coalesced last_used_at write failed"
+                );
             }
         }
     }
@@ -797,7 +803,7 @@ async fn record_node_events(ctx: Shared) {
             )
             .await
         {
-            tracing::warn!(code = e.code, "writing node events failed");
+            tracing::warn!(code = e.code.as_str(), "writing node events failed");
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
 use crate::state::State as Replicated;
+use modelforge_proto::api::ErrorCode;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,14 +84,14 @@ pub async fn allocate(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     if req.accelerators == 0 || req.accelerators > 256 {
-        return Err(ApiError::bad_request(
-            "invalid_allocation",
+        return Err(ApiError::new(
+            ErrorCode::InvalidAllocation,
             "accelerators must be between 1 and 256",
         ));
     }
     if req.owner.is_empty() || req.owner.len() > 256 {
-        return Err(ApiError::bad_request(
-            "invalid_allocation",
+        return Err(ApiError::new(
+            ErrorCode::InvalidAllocation,
             "owner must be 1 to 256 characters",
         ));
     }
@@ -147,8 +148,7 @@ pub async fn allocate(
     };
     let Some((_, node_id, free)) = choice else {
         return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "no_capacity",
+            ErrorCode::NoCapacity,
             "no enabled node has that many verified free accelerators (only GPUs measured since \
              this member's view was rebuilt, on nodes past their smoke, are placed on)",
         ));
@@ -314,8 +314,8 @@ pub async fn show_smoke(
         .get(&smoke_id)
         .filter(|x| x.node_id == node_id)
     else {
-        return Err(ApiError::not_found(
-            "smoke_not_found",
+        return Err(ApiError::new(
+            ErrorCode::SmokeNotFound,
             "no such smoke for this node",
         ));
     };
@@ -364,7 +364,11 @@ pub fn reconcile_after_report(
             .propose("system", format!("reconcile-{node_id}-{at}"), cmd)
             .await
         {
-            tracing::warn!(node_id, code = e.code, "scheduler reconcile not written");
+            tracing::warn!(
+                node_id,
+                code = e.code.as_str(),
+                "scheduler reconcile not written"
+            );
         }
     });
 }

@@ -17,6 +17,8 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde::Serialize;
 
+use modelforge_proto::api::ErrorCode as RefusalCode;
+
 use super::ApplyResult;
 use super::Outcome;
 use super::Refusal;
@@ -47,11 +49,18 @@ pub struct SmokeCheck {
 pub struct Smoke {
     pub smoke_id: String,
     pub node_id: String,
-    /// `pending`, `passed` or `failed`.
-    pub state: String,
+    pub state: SmokeState,
     pub checks: Vec<SmokeCheck>,
     pub created_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmokeState {
+    Pending,
+    Passed,
+    Failed,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -103,7 +112,7 @@ impl Scheduling {
     pub fn pending_smoke(&self, node_id: &str) -> Option<&Smoke> {
         self.smokes
             .values()
-            .filter(|s| s.node_id == node_id && s.state == "pending")
+            .filter(|s| s.node_id == node_id && s.state == SmokeState::Pending)
             .min_by_key(|s| s.created_at_ms)
     }
 
@@ -145,9 +154,8 @@ impl State {
             return Err(super::key_reused());
         }
         let no_capacity = |m: &str| {
-            Err(Refusal::new(
-                409,
-                "no_capacity",
+            Err(Refusal::with(
+                RefusalCode::NoCapacity,
                 format!("nothing fits: {m}"),
             ))
         };
@@ -158,11 +166,7 @@ impl State {
             return no_capacity("the chosen node is not enabled");
         }
         if uuids.is_empty() {
-            return Err(Refusal::new(
-                400,
-                "invalid_allocation",
-                "no accelerator named",
-            ));
+            return Err(Refusal::new(RefusalCode::InvalidAllocation));
         }
         let taken = self.sched.allocated_anywhere();
         let busy = self.sched.external_busy.get(node_id);
@@ -206,11 +210,7 @@ impl State {
 
     pub(super) fn release(&mut self, now: i64, allocation_id: &str, why: &str) -> ApplyResult {
         let Some(a) = self.sched.allocations.remove(allocation_id) else {
-            return Err(Refusal::new(
-                404,
-                "allocation_not_found",
-                "no allocation with this id",
-            ));
+            return Err(Refusal::new(RefusalCode::AllocationNotFound));
         };
         if let Some(k) = &a.idempotency_key {
             self.sched.by_key.remove(k);
@@ -237,7 +237,7 @@ impl State {
         busy: &BTreeSet<String>,
     ) -> ApplyResult {
         if !self.nodes.contains_key(node_id) {
-            return Err(Refusal::new(404, "node_not_found", "no such node"));
+            return Err(Refusal::new(RefusalCode::NodeNotFound));
         }
         let mut confirmed = vec![];
         let mut released = vec![];
@@ -304,21 +304,13 @@ impl State {
 
     pub(super) fn start_smoke(&mut self, now: i64, smoke_id: &str, node_id: &str) -> ApplyResult {
         let Some(node) = self.nodes.get_mut(node_id) else {
-            return Err(Refusal::new(404, "node_not_found", "no such node"));
+            return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
         if node.decommissioned_at_ms.is_some() {
-            return Err(Refusal::new(
-                409,
-                "node_decommissioned",
-                "the node is decommissioned",
-            ));
+            return Err(Refusal::new(RefusalCode::NodeDecommissioned));
         }
         if self.sched.smokes.contains_key(smoke_id) {
-            return Err(Refusal::new(
-                409,
-                "smoke_exists",
-                "a smoke with this id exists",
-            ));
+            return Err(Refusal::new(RefusalCode::SmokeExists));
         }
         push_history(node, now, "smoke_requested", smoke_id.to_string());
         self.sched.smokes.insert(
@@ -326,7 +318,7 @@ impl State {
             Smoke {
                 smoke_id: smoke_id.to_string(),
                 node_id: node_id.to_string(),
-                state: "pending".into(),
+                state: SmokeState::Pending,
                 checks: vec![],
                 created_at_ms: now,
                 finished_at_ms: None,
@@ -345,22 +337,22 @@ impl State {
         checks: &[SmokeCheck],
     ) -> ApplyResult {
         let Some(smoke) = self.sched.smokes.get_mut(smoke_id) else {
-            return Err(Refusal::new(404, "smoke_not_found", "no such smoke"));
+            return Err(Refusal::new(RefusalCode::SmokeNotFound));
         };
         if smoke.node_id != node_id {
-            return Err(Refusal::new(
-                403,
-                "wrong_node",
-                "this smoke is for another node",
-            ));
+            return Err(Refusal::new(RefusalCode::WrongNode));
         }
-        if smoke.state != "pending" {
+        if smoke.state != SmokeState::Pending {
             return Ok(Outcome::SmokeFinished {
-                passed: smoke.state == "passed",
+                passed: smoke.state == SmokeState::Passed,
             });
         }
         let passed = !checks.is_empty() && checks.iter().all(|c| c.ok);
-        smoke.state = if passed { "passed" } else { "failed" }.into();
+        smoke.state = if passed {
+            SmokeState::Passed
+        } else {
+            SmokeState::Failed
+        };
         smoke.checks = checks.to_vec();
         smoke.finished_at_ms = Some(now);
         if passed {

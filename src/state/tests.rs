@@ -1,4 +1,6 @@
 use super::*;
+use crate::journal::Fact;
+use modelforge_proto::wire::Inventory;
 
 fn env(id: &str, now: i64, command: Command) -> Envelope {
     Envelope {
@@ -10,19 +12,21 @@ fn env(id: &str, now: i64, command: Command) -> Envelope {
 }
 
 fn create(s: &mut State, token: &str, now: i64) {
-    let r = s.apply(
-        1,
-        &env(
-            &format!("create-{token}"),
-            now,
-            Command::CreateToken {
-                token_id: token.into(),
-                hash: "h".into(),
-                ttl_ms: 60_000,
-                note: None,
-            },
-        ),
-    );
+    let r = s
+        .apply(
+            1,
+            &env(
+                &format!("create-{token}"),
+                now,
+                Command::CreateToken {
+                    token_id: token.into(),
+                    hash: "h".into(),
+                    ttl_ms: 60_000,
+                    note: None,
+                },
+            ),
+        )
+        .result;
     assert!(r.is_ok(), "{r:?}");
 }
 
@@ -51,6 +55,7 @@ fn enroll(
             },
         ),
     )
+    .result
 }
 
 fn touch(s: &mut State, cred: &str, now: i64) {
@@ -64,6 +69,7 @@ fn touch(s: &mut State, cred: &str, now: i64) {
             },
         ),
     )
+    .result
     .unwrap();
 }
 
@@ -81,7 +87,7 @@ fn one_token_mints_one_identity() {
         }
     );
     let b = enroll(&mut s, "r2", 1002, "t1", "keyB", "nB", "cB").unwrap_err();
-    assert_eq!(b.status, 401);
+    assert_eq!(b.status(), 401);
     assert_eq!(s.nodes.len(), 1);
     assert_eq!(s.identities.len(), 1);
 }
@@ -133,6 +139,7 @@ fn revocation_spends_the_claim_and_is_never_undone() {
                 },
             ),
         )
+        .result
         .unwrap();
     assert_eq!(
         r,
@@ -142,7 +149,7 @@ fn revocation_spends_the_claim_and_is_never_undone() {
     );
     let e = enroll(&mut s, "r2", 1003, "t1", "keyA", "nA", "c2").unwrap_err();
     assert_eq!(
-        (e.status, e.code.as_str()),
+        (e.status(), e.code.as_str()),
         (401, "token_already_claimed"),
         "replaying the old token cannot undo a revocation: {e:?}"
     );
@@ -159,6 +166,7 @@ fn revocation_spends_the_claim_and_is_never_undone() {
                 },
             ),
         )
+        .result
         .unwrap();
     assert_eq!(
         r,
@@ -228,6 +236,7 @@ fn cancelled_tokens_are_refused_and_claimed_ones_cannot_be_cancelled() {
             },
         ),
     )
+    .result
     .unwrap();
     assert_eq!(
         enroll(&mut s, "r1", 1002, "t1", "k", "n", "c")
@@ -248,8 +257,9 @@ fn cancelled_tokens_are_refused_and_claimed_ones_cannot_be_cancelled() {
                 }
             )
         )
+        .result
         .unwrap_err()
-        .status,
+        .status(),
         409
     );
 }
@@ -329,6 +339,7 @@ fn accelerators_appearing_and_disappearing_are_recorded() {
                 },
             ),
         )
+        .result
         .unwrap()
     };
     assert_eq!(
@@ -370,9 +381,21 @@ fn preview(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> ApplyRes
             },
         ),
     )
+    .result
 }
 
 fn execute(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> ApplyResult {
+    execute_applied(s, req, now, id, node).result
+}
+
+/// An execute that must succeed; the journal facts it decided.
+fn execute_facts(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> Vec<Fact> {
+    let applied = execute_applied(s, req, now, id, node);
+    assert!(applied.result.is_ok(), "{:?}", applied.result);
+    applied.facts
+}
+
+fn execute_applied(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> Applied {
     s.apply(
         5,
         &env(
@@ -462,14 +485,14 @@ fn decommission_preview_then_execute_revokes_disables_and_never_deletes() {
     create(&mut s, "t3", 3000);
     let e = enroll(&mut s, "r3", 3001, "t3", "keyA", "nZ", "cZ").unwrap_err();
     assert_eq!(
-        (e.status, e.code.as_str()),
+        (e.status(), e.code.as_str()),
         (403, "identity_decommissioned")
     );
     // A decommissioned node cannot be previewed or executed again.
     let e = preview(&mut s, "p2", 3002, "pv2", "nA").unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (409, "node_decommissioned"));
+    assert_eq!((e.status(), e.code.as_str()), (409, "node_decommissioned"));
     let e = execute(&mut s, "x2", 3003, "pv1", "nA").unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (409, "node_decommissioned"));
+    assert_eq!((e.status(), e.code.as_str()), (409, "node_decommissioned"));
 }
 
 #[test]
@@ -481,7 +504,7 @@ fn a_stale_preview_is_refused_with_what_changed_and_changes_nothing() {
     enroll(&mut s, "r3", 2002, "t3", "keyA", "unused", "cA2").unwrap();
     let before = s.clone();
     let e = execute(&mut s, "x1", 2100, "pv1", "nA").unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (409, "preview_stale"));
+    assert_eq!((e.status(), e.code.as_str()), (409, "preview_stale"));
     assert!(
         e.message
             .contains("credentials_to_revoke: was [cA], now [cA2]"),
@@ -535,14 +558,17 @@ fn previews_expire_by_envelope_time_and_are_bound_to_their_node() {
     let mut s = two_nodes_one_hostname();
     preview(&mut s, "p1", 2000, "pv1", "nA").unwrap();
     let e = execute(&mut s, "x0", 2001, "pv1", "nB").unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (409, "preview_for_other_node"));
+    assert_eq!(
+        (e.status(), e.code.as_str()),
+        (409, "preview_for_other_node")
+    );
     let e = execute(&mut s, "x1", 2000 + PREVIEW_TTL_MS + 1, "pv1", "nA").unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (409, "preview_expired"));
+    assert_eq!((e.status(), e.code.as_str()), (409, "preview_expired"));
     // The next preview prunes the expired one.
     preview(&mut s, "p2", 2000 + PREVIEW_TTL_MS + 2, "pv2", "nA").unwrap();
     assert!(!s.previews.contains_key("pv1"));
     let e = execute(&mut s, "x2", 2000 + PREVIEW_TTL_MS + 3, "pv1", "nA").unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (404, "preview_not_found"));
+    assert_eq!((e.status(), e.code.as_str()), (404, "preview_not_found"));
     let e = preview(&mut s, "p3", 2000 + PREVIEW_TTL_MS + 4, "pv3", "nobody").unwrap_err();
     assert_eq!(e.code, "node_not_found");
     assert!(s.nodes["nA"].enabled);
@@ -597,6 +623,7 @@ fn allocate(s: &mut State, id: &str, node: &str, uuids: &[&str], key: Option<&st
             },
         ),
     )
+    .result
 }
 
 #[test]
@@ -618,7 +645,7 @@ fn a_gpu_is_never_allocated_twice_and_an_idempotency_key_returns_the_first_answe
     for (id, uuids) in [("a4", &["G9"][..]), ("a5", &["G2", "G2"][..])] {
         let e = allocate(&mut s, id, "n1", uuids, None).unwrap_err();
         assert_eq!(
-            (e.status, e.code.as_str()),
+            (e.status(), e.code.as_str()),
             (409, "no_capacity"),
             "{uuids:?}: {e:?}"
         );
@@ -640,18 +667,20 @@ fn reconcile_confirms_busy_releases_vanished_and_idle_and_marks_unscheduled_use(
         .distrust_after_restore(["n1".to_string()].into_iter());
     let present = ["G1", "G3", "G4"].iter().map(|x| x.to_string()).collect();
     let busy = ["G1", "G4"].iter().map(|x| x.to_string()).collect();
-    let r = s.apply(
-        10,
-        &env(
-            "rec",
-            3_000,
-            Command::Reconcile {
-                node_id: "n1".into(),
-                present,
-                busy,
-            },
-        ),
-    );
+    let r = s
+        .apply(
+            10,
+            &env(
+                "rec",
+                3_000,
+                Command::Reconcile {
+                    node_id: "n1".into(),
+                    present,
+                    busy,
+                },
+            ),
+        )
+        .result;
     assert_eq!(
         r.unwrap(),
         Outcome::Reconciled {
@@ -674,7 +703,6 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
     enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
     s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
-    s.journal.0.clear();
     let Outcome::DecommissionPreviewed { preview: p } =
         preview(&mut s, "p0", 2_000, "pv0", "n1").unwrap()
     else {
@@ -699,16 +727,15 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
     // Releasing it again is refused, and says why.
     let e = s.release(2_002, "a0", "test").unwrap_err();
     assert_eq!(
-        (e.status, e.code.as_str()),
+        (e.status(), e.code.as_str()),
         (404, "allocation_not_found"),
         "{e:?}"
     );
     preview(&mut s, "p1", 3_000, "pv1", "n1").unwrap();
-    execute(&mut s, "x1", 3_001, "pv1", "n1").unwrap();
+    let facts = execute_facts(&mut s, "x1", 3_001, "pv1", "n1");
     assert!(s.sched.allocations.is_empty());
     assert!(
-        s.journal
-            .0
+        facts
             .iter()
             .any(|f| matches!(f, Fact::NodeDecommissioned { node_id, .. } if node_id == "n1"))
     );
@@ -718,7 +745,6 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
     let mut older = State::default();
     create(&mut older, "t1", 1_000);
     enroll(&mut older, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
-    let facts = std::mem::take(&mut s.journal.0);
     for f in &facts {
         older.reapply(f);
     }
@@ -743,14 +769,17 @@ fn an_idempotency_key_reused_with_another_body_is_refused_and_keeps_its_first_an
             },
         )
     };
-    let first = s.apply(5, &cancel("idem-k1.b1"));
+    let first = s.apply(5, &cancel("idem-k1.b1")).result;
     assert!(first.is_ok(), "{first:?}");
     // Same key part, other request part: refused, audited, and not stored.
-    let e = s.apply(6, &cancel("idem-k1.b2")).unwrap_err();
-    assert_eq!((e.status, e.code.as_str()), (422, "idempotency_key_reused"));
+    let e = s.apply(6, &cancel("idem-k1.b2")).result.unwrap_err();
+    assert_eq!(
+        (e.status(), e.code.as_str()),
+        (422, "idempotency_key_reused")
+    );
     assert_eq!(s.audit.last().unwrap().result, "idempotency_key_reused");
     assert!(!s.dedup.contains_key("idem-k1.b2"));
-    assert_eq!(s.apply(7, &cancel("idem-k1.b1")), first);
+    assert_eq!(s.apply(7, &cancel("idem-k1.b1")).result, first);
     // Ids without a key part (no Idempotency-Key) never collide this way.
     assert!(!idempotency_key_reused(&s.dedup, "idem-k1"));
     assert!(!idempotency_key_reused(&s.dedup, "a-fresh-uuid"));
@@ -772,7 +801,7 @@ fn an_idempotency_key_reused_with_another_body_is_refused_and_keeps_its_first_an
 #[test]
 fn the_hostname_index_follows_enrolment_renames_decommission_and_reapplied_facts() {
     let mut s = two_nodes_one_hostname();
-    assert!(s.hostname_index_matches_nodes());
+    s.check().unwrap();
     assert_eq!(s.enabled_claimants("gpu-1"), vec!["nA", "nB"]);
     // nA re-enrols under another hostname (same identity, new token): the index moves it.
     create(&mut s, "t3", 1100);
@@ -792,24 +821,25 @@ fn the_hostname_index_follows_enrolment_renames_decommission_and_reapplied_facts
             },
         ),
     )
+    .result
     .unwrap();
     assert_eq!(s.nodes["nA"].hostname, "gpu-2");
-    assert!(s.hostname_index_matches_nodes());
+    s.check().unwrap();
     assert_eq!(s.enabled_claimants("gpu-1"), vec!["nB"]);
     assert_eq!(s.enabled_claimants("gpu-2"), vec!["nA"]);
     // Decommissioned: out of the index, and no empty entry is left behind.
     let older = s.clone();
     preview(&mut s, "p1", 2000, "pv1", "nB").unwrap();
-    execute(&mut s, "x1", 2001, "pv1", "nB").unwrap();
-    assert!(s.hostname_index_matches_nodes());
+    let facts = execute_facts(&mut s, "x1", 2001, "pv1", "nB");
+    s.check().unwrap();
     assert!(!s.enabled_by_hostname.contains_key("gpu-1"));
     // The same fact re-applied from the journal to an older state does the same.
     let mut restored = older;
-    for f in std::mem::take(&mut s.journal.0) {
+    for f in facts {
         restored.reapply(&f);
     }
     assert!(restored.nodes["nB"].decommissioned_at_ms.is_some());
-    assert!(restored.hostname_index_matches_nodes());
+    restored.check().unwrap();
 }
 
 /// ARCHITECTURE.md, "Known gaps": the request-id table is capped at `DEDUP_MAX` entries (and
@@ -834,24 +864,25 @@ fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order
         },
     );
     let mut s = State::default();
-    let first = s.apply(1, &create);
+    let first = s.apply(1, &create).result;
     assert!(first.is_ok(), "{first:?}");
     for i in 1..DEDUP_MAX {
         s.apply(1 + i as u64, &touch(&format!("r{i}"), 1_000))
+            .result
             .unwrap();
     }
     assert_eq!(s.dedup.len(), DEDUP_MAX);
     assert!(in_step(&s));
     // Full: a retry is still answered from the table, and adds nothing.
-    assert_eq!(s.apply(300_000, &create), first);
+    assert_eq!(s.apply(300_000, &create).result, first);
     assert_eq!(s.dedup.len(), DEDUP_MAX);
 
     // Each new id evicts exactly the oldest.
-    s.apply(300_001, &touch("new-1", 2_000)).unwrap();
+    s.apply(300_001, &touch("new-1", 2_000)).result.unwrap();
     assert_eq!(s.dedup.len(), DEDUP_MAX, "the cap was exceeded");
     assert!(!s.dedup.contains_key("r-create"), "the oldest id was kept");
     assert!(s.dedup.contains_key("r1") && s.dedup.contains_key("new-1"));
-    s.apply(300_002, &touch("new-2", 2_000)).unwrap();
+    s.apply(300_002, &touch("new-2", 2_000)).result.unwrap();
     assert_eq!(s.dedup.len(), DEDUP_MAX);
     assert!(!s.dedup.contains_key("r1"));
     assert_eq!(s.dedup_order.front().map(|(_, id)| id.as_str()), Some("r2"));
@@ -861,17 +892,82 @@ fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order
     );
     assert!(in_step(&s));
     // An evicted id is executed again, not answered from the table: the token exists now.
-    let again = s.apply(300_003, &create).unwrap_err();
+    let again = s.apply(300_003, &create).result.unwrap_err();
     assert_eq!(again.code, "token_exists");
     assert_eq!(s.dedup.len(), DEDUP_MAX);
     assert!(in_step(&s));
 
     // 24 h of leader time later every old id has gone, in step.
     s.apply(300_004, &touch("late", 2_000 + DEDUP_TTL_MS + 1))
+        .result
         .unwrap();
     assert_eq!(
         s.dedup.keys().map(String::as_str).collect::<Vec<_>>(),
         vec!["late"]
     );
     assert!(in_step(&s));
+}
+
+/// Decommission is written once: a restore that re-applies a journal's decommission (alone, or
+/// with the revocations the execute journaled beside it) ends with the same node, credentials,
+/// claims, allocations and smoke state as executing it. Before `decommission_node`, the
+/// re-application left the node's allocations placed and its smoke requirement set.
+#[test]
+fn a_decommission_reapplied_from_the_journal_ends_where_executing_it_did() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    touch(&mut s, "c1", 1_001);
+    // Re-enrolled on a second token (claim not spent yet), so it waits for a smoke.
+    create(&mut s, "t2", 1_002);
+    enroll(&mut s, "e2", 1_003, "t2", "k1", "n1", "c2").unwrap();
+    assert!(s.sched.smoke_required.contains("n1"));
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    allocate(&mut s, "a1", "n1", &["G1"], Some("idem-k.1")).unwrap();
+    let backup = s.clone();
+
+    preview(&mut s, "p1", 2_000, "pv1", "n1").unwrap();
+    let facts = execute_facts(&mut s, "x1", 2_001, "pv1", "n1");
+    let decommission: Vec<Fact> = facts
+        .iter()
+        .filter(|f| matches!(f, Fact::NodeDecommissioned { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(decommission.len(), 1);
+
+    for journal in [facts, decommission] {
+        let mut restored = backup.clone();
+        for f in &journal {
+            restored.reapply(f);
+        }
+        restored.check().unwrap();
+        let (was, is) = (&s.nodes["n1"], &restored.nodes["n1"]);
+        assert_eq!(
+            (was.enabled, was.decommissioned_at_ms),
+            (is.enabled, is.decommissioned_at_ms)
+        );
+        let revoked = |st: &State| -> Vec<(String, Option<i64>)> {
+            st.credentials
+                .values()
+                .map(|c| (c.credential_id.clone(), c.revoked_at_ms))
+                .collect()
+        };
+        assert_eq!(revoked(&restored), revoked(&s));
+        let spent = |st: &State| -> Vec<(String, bool)> {
+            st.tokens
+                .values()
+                .map(|t| {
+                    (
+                        t.token_id.clone(),
+                        t.claim.as_ref().is_some_and(|c| c.spent),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(spent(&restored), spent(&s));
+        assert!(restored.sched.allocations.is_empty());
+        assert_eq!(restored.sched, s.sched.clone());
+        assert_eq!(restored.enabled_by_hostname, s.enabled_by_hostname);
+        assert!(!restored.sched.smoke_required.contains("n1"));
+    }
 }

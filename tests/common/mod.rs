@@ -432,6 +432,19 @@ impl Cluster {
         last
     }
 
+    /// An admin read, retried while no member can serve it consistently (a failover: the
+    /// survivors answer 503 until a leader holds a quorum again). A read changes nothing.
+    pub async fn admin_read(&mut self, path: &str) -> (u16, Value) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let (s, v) = self.admin("GET", path, None).await;
+            if (s != 0 && s != 503) || tokio::time::Instant::now() >= deadline {
+                return (s, v);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// A new enrolment token, retried across a failover.
     pub async fn new_token(&mut self, ttl_seconds: u64) -> String {
         let deadline = tokio::time::Instant::now() + WAIT;
@@ -456,11 +469,7 @@ impl Cluster {
 
     pub async fn node(&mut self, node_id: &str) -> Value {
         let (s, v) = self
-            .admin(
-                "GET",
-                &format!("/api/v1/admin/hardware/nodes/{node_id}"),
-                None,
-            )
+            .admin_read(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
             .await;
         assert_eq!(s, 200, "{v}");
         v
@@ -468,11 +477,9 @@ impl Cluster {
 
     pub async fn credentials(&mut self, node_id: &str) -> Value {
         let (s, v) = self
-            .admin(
-                "GET",
-                &format!("/api/v1/admin/hardware/nodes/{node_id}/credentials"),
-                None,
-            )
+            .admin_read(&format!(
+                "/api/v1/admin/hardware/nodes/{node_id}/credentials"
+            ))
             .await;
         assert_eq!(s, 200, "{v}");
         v

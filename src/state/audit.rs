@@ -1,0 +1,88 @@
+//! The audit trail: one row per admin and enrolment action, each row hashing the one before.
+
+use serde::Deserialize;
+use serde::Serialize;
+use sha2::Digest;
+
+use super::State;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AuditEvent {
+    pub seq: u64,
+    pub at_ms: i64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub result: String,
+    pub request_id: String,
+    pub log_index: u64,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+impl State {
+    #[allow(clippy::too_many_arguments)] // one audit row has this many columns
+    pub(super) fn audit(
+        &mut self,
+        now: i64,
+        log_index: u64,
+        actor: &str,
+        action: &str,
+        target: &str,
+        result: &str,
+        request_id: &str,
+    ) {
+        let seq = self.audit.len() as u64 + 1;
+        let prev_hash = self
+            .audit
+            .last()
+            .map(|e| e.hash.clone())
+            .unwrap_or_else(|| "0".repeat(64));
+        let mut ev = AuditEvent {
+            seq,
+            at_ms: now,
+            actor: actor.to_string(),
+            action: action.to_string(),
+            target: target.to_string(),
+            result: result.to_string(),
+            request_id: request_id.to_string(),
+            log_index,
+            prev_hash,
+            hash: String::new(),
+        };
+        ev.hash = audit_hash(&ev);
+        self.audit.push(ev);
+    }
+}
+
+/// The chained hash of an audit event: SHA-256 over the previous hash and every field.
+pub fn audit_hash(ev: &AuditEvent) -> String {
+    let mut h = sha2::Sha256::new();
+    for part in [
+        ev.prev_hash.as_str(),
+        &ev.seq.to_string(),
+        &ev.at_ms.to_string(),
+        &ev.actor,
+        &ev.action,
+        &ev.target,
+        &ev.result,
+        &ev.request_id,
+        &ev.log_index.to_string(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    modelforge_proto::hex(&h.finalize())
+}
+
+/// Check the audit chain; returns the first broken sequence number.
+pub fn verify_audit_chain(events: &[AuditEvent]) -> Result<(), u64> {
+    let mut prev = "0".repeat(64);
+    for (i, ev) in events.iter().enumerate() {
+        if ev.seq != i as u64 + 1 || ev.prev_hash != prev || audit_hash(ev) != ev.hash {
+            return Err(ev.seq);
+        }
+        prev = ev.hash.clone();
+    }
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! Commands, the envelope every command travels in, and what applying one answers.
+
+use modelforge_proto::api::ErrorCode as RefusalCode;
+use modelforge_proto::wire::Inventory;
+use serde::Deserialize;
+use serde::Serialize;
+
+use super::decommission::DecommissionEffects;
+use super::decommission::DecommissionPreview;
+use super::sched;
+use crate::journal::Fact;
+
+/// A command with the metadata every command carries.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique per logical request; a retry reuses it and gets the first answer.
+    pub request_id: String,
+    /// Leader-stamped wall time, milliseconds since the Unix epoch.
+    pub now_ms: i64,
+    /// Who asked: `admin`, `agent:<node or key>`, `system`.
+    pub actor: String,
+    pub command: Command,
+}
+
+/// Everything that changes replicated state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Command {
+    CreateToken {
+        token_id: String,
+        hash: String,
+        ttl_ms: i64,
+        note: Option<String>,
+    },
+    CancelToken {
+        token_id: String,
+    },
+    Enroll {
+        token_id: String,
+        public_key: String,
+        hostname: String,
+        inventory: Inventory,
+        /// Used only if the identity is new: the leader picks it, so apply stays deterministic.
+        new_node_id: String,
+        credential_id: String,
+        credential_hash: String,
+    },
+    RevokeCredentials {
+        node_id: String,
+        reason: String,
+    },
+    /// Coalesced `last_used_at` updates: (credential id, used at).
+    TouchCredentials {
+        uses: Vec<(String, i64)>,
+    },
+    UpdateInventory {
+        node_id: String,
+        inventory: Inventory,
+    },
+    /// Coalesced node events from the heartbeat-processing member: (node, kind, detail, count).
+    RecordEvents {
+        events: Vec<(String, String, String, u32)>,
+    },
+    /// An admin took a backup (audit only): which member, at which index, its digest.
+    RecordBackup {
+        member: u64,
+        applied_index: u64,
+        state_digest: String,
+    },
+    /// Place an allocation on GPUs the leader chose from what it measured.
+    Allocate {
+        allocation_id: String,
+        node_id: String,
+        accelerator_uuids: Vec<String>,
+        owner: String,
+        idempotency_key: Option<String>,
+    },
+    Release {
+        allocation_id: String,
+    },
+    /// A node's fresh report: GPUs present, and those running something.
+    Reconcile {
+        node_id: String,
+        present: Vec<String>,
+        busy: Vec<String>,
+    },
+    StartSmoke {
+        smoke_id: String,
+        node_id: String,
+    },
+    SmokeResult {
+        smoke_id: String,
+        node_id: String,
+        checks: Vec<sched::SmokeCheck>,
+    },
+    /// Compute and record what decommissioning `node_id` would do, bound to the state now.
+    PreviewDecommission {
+        /// Chosen by the leader, so apply stays deterministic.
+        preview_id: String,
+        node_id: String,
+    },
+    /// Apply a recorded preview, only if its effects are unchanged.
+    ExecuteDecommission {
+        preview_id: String,
+        node_id: String,
+        reason: String,
+    },
+}
+
+impl Command {
+    pub fn action(&self) -> &'static str {
+        match self {
+            Command::CreateToken { .. } => "enrollment.create",
+            Command::CancelToken { .. } => "enrollment.cancel",
+            Command::Enroll { .. } => "node.enroll",
+            Command::RevokeCredentials { .. } => "credential.revoke",
+            Command::TouchCredentials { .. } => "credential.touch",
+            Command::UpdateInventory { .. } => "node.inventory",
+            Command::RecordEvents { .. } => "node.events",
+            Command::RecordBackup { .. } => "cluster.backup",
+            Command::Allocate { .. } => "allocation.create",
+            Command::Release { .. } => "allocation.release",
+            Command::Reconcile { .. } => "scheduler.reconcile",
+            Command::StartSmoke { .. } => "smoke.start",
+            Command::SmokeResult { .. } => "smoke.result",
+            Command::PreviewDecommission { .. } => "node.decommission.preview",
+            Command::ExecuteDecommission { .. } => "node.decommission.execute",
+        }
+    }
+
+    /// Admin and enrolment actions go into the audit trail; bookkeeping does not.
+    pub fn audited(&self) -> bool {
+        !matches!(
+            self,
+            Command::TouchCredentials { .. }
+                | Command::UpdateInventory { .. }
+                | Command::RecordEvents { .. }
+                | Command::Reconcile { .. }
+        )
+    }
+
+    /// What an audit row of this command names, given its answer.
+    pub fn audit_target(&self, result: &ApplyResult) -> String {
+        match (self, result) {
+            (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.clone(),
+            (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id }, _) => {
+                token_id.clone()
+            }
+            (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
+            (Command::Allocate { node_id, .. }, _) => node_id.clone(),
+            (Command::Release { allocation_id }, _) => allocation_id.clone(),
+            (Command::StartSmoke { node_id, .. }, _)
+            | (Command::SmokeResult { node_id, .. }, _) => node_id.clone(),
+            (
+                Command::RecordBackup {
+                    member,
+                    applied_index,
+                    state_digest,
+                },
+                _,
+            ) => format!(
+                "member {member} index {applied_index} digest {}",
+                &state_digest[..16.min(state_digest.len())]
+            ),
+            (
+                Command::RevokeCredentials { node_id, .. }
+                | Command::PreviewDecommission { node_id, .. }
+                | Command::ExecuteDecommission { node_id, .. },
+                _,
+            ) => node_id.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
+/// A successful command's answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Outcome {
+    TokenCreated {
+        token_id: String,
+        created_at_ms: i64,
+        expires_at_ms: i64,
+    },
+    TokenCancelled {
+        token_id: String,
+    },
+    Enrolled {
+        node_id: String,
+        credential_id: String,
+        reenrolled: bool,
+    },
+    Revoked {
+        credential_ids: Vec<String>,
+    },
+    Touched {
+        count: usize,
+    },
+    InventoryUpdated {
+        changed: bool,
+    },
+    EventsRecorded {
+        count: usize,
+    },
+    BackupRecorded,
+    Allocated {
+        allocation_id: String,
+        node_id: String,
+        accelerator_uuids: Vec<String>,
+    },
+    Released {
+        allocation_id: String,
+    },
+    Reconciled {
+        confirmed: Vec<String>,
+        released: Vec<String>,
+    },
+    SmokeStarted {
+        smoke_id: String,
+    },
+    SmokeFinished {
+        passed: bool,
+    },
+    // The large answers are boxed: every answer is kept in the request-id table (up to
+    // `DEDUP_MAX` of them), and an enum is as large as its largest variant.
+    DecommissionPreviewed {
+        preview: Box<DecommissionPreview>,
+    },
+    Decommissioned {
+        node_id: String,
+        decommissioned_at_ms: i64,
+        effects: Box<DecommissionEffects>,
+    },
+}
+
+/// A refused command: the same on every member. It carries its code, never an HTTP status:
+/// the status is the code's, from the one table in `modelforge_proto::api`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Refusal {
+    pub code: RefusalCode,
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal with the code's own message.
+    pub fn new(code: RefusalCode) -> Self {
+        Self {
+            code,
+            message: code.message().to_string(),
+        }
+    }
+
+    /// A refusal with a more specific message (never client input: see `error.rs`).
+    pub fn with(code: RefusalCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> u16 {
+        self.code.status()
+    }
+}
+
+pub type ApplyResult = Result<Outcome, Refusal>;
+
+/// What one apply decided: the answer, and the monotone facts for the revocation journal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub result: ApplyResult,
+    pub facts: Vec<Fact>,
+}

@@ -1,0 +1,270 @@
+//! The replicated state of the control plane and the one function that changes it.
+//!
+//! Architecture invariant: [`State::apply`] is a pure function of (state, envelope). It reads no
+//! clock (the leader stamps `now_ms` into every envelope, and the state's clock only moves
+//! forward), does no I/O, and never panics on any input: an impossible command is refused
+//! with the same answer on every member. It returns the answer and the monotone facts it
+//! decided ([`Applied`]); the state keeps no output buffer.
+//!
+//! The invariants are written once, in [`State::check`] (`check.rs`), which runs after every
+//! apply in debug builds and in the property test (`proptest.rs`):
+//! - one enrolment token mints at most one node identity; a retry of the claim by the same
+//!   identity gets the same node id, until a credential from that claim was used or revoked;
+//! - one identity (public key) maps to exactly one node;
+//! - a node has at most one active credential, and only an enabled node has one; issuing one
+//!   revokes the others in the same step; a revoked credential is never un-revoked;
+//! - the plaintext of a token or credential never reaches this module: only argon2id hashes.
+//!
+//! Where each concern lives:
+//! - `command.rs`: commands, envelope, outcomes, refusals;
+//! - `model.rs`: tokens, nodes and their history, credentials;
+//! - `enrol.rs`: tokens, claims, credentials and their revocation;
+//! - `decommission.rs`: previews, execute, and the one `decommission_node`;
+//! - `audit.rs`: the hash-chained audit trail;
+//! - `dedup.rs`: the request-id table;
+//! - `hostnames.rs`: the enabled-hostname index;
+//! - `reapply.rs`: restore's re-application of journal facts;
+//! - `sched.rs`: allocations and smokes;
+//! - `check.rs`: the invariants.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::collections::VecDeque;
+
+use serde::Deserialize;
+use serde::Serialize;
+use sha2::Digest;
+
+mod audit;
+mod check;
+mod command;
+mod decommission;
+mod dedup;
+mod enrol;
+mod hostnames;
+mod model;
+mod reapply;
+pub mod sched;
+
+pub use audit::AuditEvent;
+pub use audit::audit_hash;
+pub use audit::verify_audit_chain;
+pub use command::Applied;
+pub use command::ApplyResult;
+pub use command::Command;
+pub use command::Envelope;
+pub use command::Outcome;
+pub use command::Refusal;
+pub use decommission::DecommissionEffects;
+pub use decommission::DecommissionPreview;
+pub use dedup::idempotency_key_reused;
+pub use dedup::key_reused;
+pub use model::Claim;
+pub use model::Credential;
+pub use model::HistoryEvent;
+pub use model::Node;
+pub use model::Token;
+pub use model::TokenState;
+pub use model::inventory_digest;
+pub use model::push_history;
+pub use model::push_history_n;
+pub use modelforge_proto::api::ErrorCode as RefusalCode;
+
+/// How many history events a node keeps (oldest dropped first).
+pub const HISTORY_PER_NODE: usize = 256;
+/// How long a request id's answer is kept for deduplicating retries (leader time).
+pub const DEDUP_TTL_MS: i64 = 24 * 3600 * 1000;
+/// The most remembered request ids (after each apply; the oldest is dropped first).
+pub const DEDUP_MAX: usize = 200_000;
+/// How long a decommission preview can be executed (leader time).
+pub const PREVIEW_TTL_MS: i64 = 15 * 60 * 1000;
+/// The most decommission previews kept (oldest dropped first).
+pub const PREVIEWS_MAX: usize = 1000;
+
+/// The whole replicated state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct State {
+    /// The latest leader-stamped time applied; never goes back.
+    pub clock_ms: i64,
+    pub last_applied_index: u64,
+    pub tokens: BTreeMap<String, Token>,
+    pub nodes: BTreeMap<String, Node>,
+    /// Identity public key -> node id.
+    pub identities: BTreeMap<String, String>,
+    pub credentials: BTreeMap<String, Credential>,
+    pub audit: Vec<AuditEvent>,
+    /// request id -> (applied at, answer).
+    pub dedup: BTreeMap<String, (i64, ApplyResult)>,
+    pub dedup_order: VecDeque<(i64, String)>,
+    /// Allocations, smokes, and what the scheduler must re-measure.
+    pub sched: sched::Scheduling,
+    /// Decommission previews by id (pruned by expiry in apply).
+    pub previews: BTreeMap<String, DecommissionPreview>,
+    /// Hostname -> the enabled nodes claiming it: "which enabled nodes claim H" without a scan
+    /// of every node (an enrolment asks it, and so does every node view). Maintained wherever
+    /// a node is created, renamed or disabled (`index_hostname`, `unindex_hostname`).
+    pub enabled_by_hostname: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl State {
+    /// Apply one committed envelope at `log_index`. Deterministic; never panics (in debug
+    /// builds it asserts [`State::check_after_apply`] afterwards).
+    pub fn apply(&mut self, log_index: u64, env: &Envelope) -> Applied {
+        self.clock_ms = self.clock_ms.max(env.now_ms);
+        self.last_applied_index = log_index;
+        let now = self.clock_ms;
+        self.prune_dedup(now);
+        if let Some((_, answer)) = self.dedup.get(&env.request_id) {
+            return Applied {
+                result: answer.clone(),
+                facts: Vec::new(),
+            };
+        }
+        let mut facts = Vec::new();
+        let reused = idempotency_key_reused(&self.dedup, &env.request_id);
+        let result = if reused {
+            Err(key_reused())
+        } else {
+            self.execute(&mut facts, now, env)
+        };
+        if env.command.audited() {
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(r) => r.code.as_str(),
+            };
+            self.audit(
+                now,
+                log_index,
+                &env.actor,
+                env.command.action(),
+                &env.command.audit_target(&result),
+                outcome,
+                &env.request_id,
+            );
+        }
+        // A reused key's refusal is not stored: the key keeps answering its first request.
+        if !reused {
+            self.remember(now, &env.request_id, &result);
+        }
+        #[cfg(debug_assertions)]
+        if let Err(broken) = self.check_after_apply() {
+            panic!("invariant broken after applying index {log_index}: {broken}");
+        }
+        Applied { result, facts }
+    }
+
+    fn execute(
+        &mut self,
+        facts: &mut Vec<crate::journal::Fact>,
+        now: i64,
+        env: &Envelope,
+    ) -> ApplyResult {
+        match &env.command {
+            Command::CreateToken {
+                token_id,
+                hash,
+                ttl_ms,
+                note,
+            } => self.create_token(now, token_id, hash, *ttl_ms, note),
+            Command::CancelToken { token_id } => self.cancel_token(facts, now, token_id),
+            Command::Enroll {
+                token_id,
+                public_key,
+                hostname,
+                inventory,
+                new_node_id,
+                credential_id,
+                credential_hash,
+            } => self.enroll(
+                facts,
+                now,
+                token_id,
+                public_key,
+                hostname,
+                inventory,
+                new_node_id,
+                credential_id,
+                credential_hash,
+            ),
+            Command::RevokeCredentials { node_id, reason } => {
+                self.revoke_node(facts, now, node_id, reason)
+            }
+            Command::TouchCredentials { uses } => self.touch(facts, now, uses),
+            Command::RecordBackup { .. } => Ok(Outcome::BackupRecorded),
+            Command::Allocate {
+                allocation_id,
+                node_id,
+                accelerator_uuids,
+                owner,
+                idempotency_key,
+            } => self.allocate(
+                now,
+                allocation_id,
+                node_id,
+                accelerator_uuids,
+                owner,
+                idempotency_key.as_ref(),
+            ),
+            Command::Release { allocation_id } => {
+                self.release(now, allocation_id, "released by its owner")
+            }
+            Command::Reconcile {
+                node_id,
+                present,
+                busy,
+            } => self.reconcile(
+                now,
+                node_id,
+                &present.iter().cloned().collect(),
+                &busy.iter().cloned().collect(),
+            ),
+            Command::StartSmoke { smoke_id, node_id } => self.start_smoke(now, smoke_id, node_id),
+            Command::SmokeResult {
+                smoke_id,
+                node_id,
+                checks,
+            } => self.smoke_result(now, smoke_id, node_id, checks),
+            Command::RecordEvents { events } => {
+                let mut count = 0;
+                for (node_id, kind, detail, n) in events {
+                    if let Some(node) = self.nodes.get_mut(node_id) {
+                        push_history_n(node, now, kind, detail.clone(), (*n).max(1));
+                        count += 1;
+                    }
+                }
+                Ok(Outcome::EventsRecorded { count })
+            }
+            Command::PreviewDecommission {
+                preview_id,
+                node_id,
+            } => self.preview_decommission(now, preview_id, node_id),
+            Command::ExecuteDecommission {
+                preview_id,
+                node_id,
+                reason,
+            } => self.execute_decommission(facts, now, preview_id, node_id, reason),
+            Command::UpdateInventory { node_id, inventory } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Err(Refusal::new(RefusalCode::NodeNotFound));
+                };
+                if node.decommissioned_at_ms.is_some() {
+                    return Err(Refusal::new(RefusalCode::NodeDecommissioned));
+                }
+                Ok(Outcome::InventoryUpdated {
+                    changed: model::set_inventory(node, now, inventory),
+                })
+            }
+        }
+    }
+
+    /// A digest of the whole state, to compare members.
+    pub fn digest(&self) -> String {
+        let bytes = modelforge_raft::codec::encode(self).unwrap_or_default();
+        modelforge_proto::hex(&sha2::Sha256::digest(&bytes))
+    }
+}
+
+#[cfg(test)]
+mod proptest;
+#[cfg(test)]
+mod tests;

@@ -57,6 +57,53 @@ pub struct RestoreArgs {
     pub peers: Vec<String>,
 }
 
+impl ServeConfig {
+    /// A single-member config for in-process tests (`server::serve_on`): the production
+    /// defaults, parsed from the same flags `serve` takes, with the data dir, the listener's
+    /// address and admin token given, cheap argon2 and short intervals.
+    pub fn for_test(
+        data_dir: &Path,
+        listen: SocketAddr,
+        admin_token: &str,
+    ) -> anyhow::Result<ServeConfig> {
+        std::fs::create_dir_all(data_dir)?;
+        let token_file = data_dir.join("test-admin.token");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&token_file)?;
+        std::io::Write::write_all(&mut f, admin_token.as_bytes())?;
+        let args = [
+            "modelforge".to_string(),
+            "serve".into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--listen".into(),
+            listen.to_string(),
+            "--admin-token-file".into(),
+            token_file.display().to_string(),
+            "--argon2-m-kib".into(),
+            "64".into(),
+            "--argon2-t".into(),
+            "1".into(),
+            "--hash-workers".into(),
+            "2".into(),
+            "--credential-pool".into(),
+            "4".into(),
+            "--touch-interval".into(),
+            "200ms".into(),
+            "--events-interval".into(),
+            "200ms".into(),
+        ];
+        match Cli::try_parse_from(args)?.command {
+            Cmd::Serve(serve) => serve.into_config(),
+            _ => bail!("not a serve command"),
+        }
+    }
+}
+
 /// `modelforge restore`.
 pub fn restore(args: &RestoreArgs) -> anyhow::Result<()> {
     let r = crate::backup::prepare(&args.from, &args.data_dir, &args.journals)?;

@@ -284,9 +284,9 @@ pub fn peer_token(cluster_secret: &str, cluster_id: &str) -> String {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn hash_then_verify() {
-        let h = Hasher::new(
+    /// A pool of 2 workers with cheap but real argon2 parameters.
+    fn small() -> Hasher {
+        Hasher::new(
             &HashParams {
                 m_kib: 1024,
                 t: 1,
@@ -295,7 +295,12 @@ mod tests {
             2,
             8,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn hash_then_verify() {
+        let h = small();
         let phc = h.hash("mfnc_secret".into()).await.unwrap();
         assert!(phc.starts_with("$argon2id$"));
         assert!(!phc.contains("mfnc_secret"));
@@ -306,16 +311,7 @@ mod tests {
 
     #[tokio::test]
     async fn minted_ahead_credentials_verify_and_are_handed_out_once() {
-        let h = Hasher::new(
-            &HashParams {
-                m_kib: 1024,
-                t: 1,
-                p: 1,
-            },
-            2,
-            8,
-        )
-        .unwrap();
+        let h = small();
         let mint = CredentialMint::new(3);
         while mint.refill_one(&h).await.is_some() {}
         assert_eq!(mint.ready(), 3);
@@ -394,6 +390,22 @@ mod queue_tests {
         }
     }
 
+    /// `n` checks of "mfnc_x" against `phc`, spawned, once all of them wait in the queue.
+    async fn checks_waiting(
+        h: &Hasher,
+        phc: &str,
+        n: usize,
+    ) -> Vec<tokio::task::JoinHandle<Result<bool, crate::error::ApiError>>> {
+        let checks = (0..n)
+            .map(|_| {
+                let (h, phc) = (h.clone(), phc.to_string());
+                tokio::spawn(async move { h.verify(phc, "mfnc_x".into()).await })
+            })
+            .collect();
+        until_waiting(h, n).await;
+        checks
+    }
+
     /// ARCHITECTURE.md, "Secrets": argon2 runs at most one per worker at once with at most
     /// `max_waiting` waiting; past that the request gets 429 with `Retry-After` and the
     /// contract's JSON error, and the queue takes requests again once it drains.
@@ -403,13 +415,7 @@ mod queue_tests {
         let phc = h.hash("mfnc_x".into()).await.unwrap();
         // Every worker busy, then three checks waiting: the queue is full.
         let busy = h.permits.clone().acquire_many_owned(2).await.unwrap();
-        let waiting: Vec<_> = (0..3)
-            .map(|_| {
-                let (h, phc) = (h.clone(), phc.clone());
-                tokio::spawn(async move { h.verify(phc, "mfnc_x".into()).await })
-            })
-            .collect();
-        until_waiting(&h, 3).await;
+        let waiting = checks_waiting(&h, &phc, 3).await;
 
         let refused = h.verify(phc.clone(), "mfnc_x".into()).await.unwrap_err();
         assert_eq!(
@@ -451,13 +457,7 @@ mod queue_tests {
         let h = cheap(1, 2);
         let phc = h.hash("mfnc_x".into()).await.unwrap();
         let busy = h.permits.clone().acquire_many_owned(1).await.unwrap();
-        let abandoned: Vec<_> = (0..2)
-            .map(|_| {
-                let (h, phc) = (h.clone(), phc.clone());
-                tokio::spawn(async move { h.verify(phc, "mfnc_x".into()).await })
-            })
-            .collect();
-        until_waiting(&h, 2).await;
+        let abandoned = checks_waiting(&h, &phc, 2).await;
         for a in &abandoned {
             a.abort();
         }

@@ -359,6 +359,8 @@ pub struct Supervision {
     refs: Arc<RwLock<Vec<Option<ActorRef<ShardMsg>>>>>,
     rebuilt_at_ms: Arc<AtomicU64>,
     pub restarts: Arc<AtomicU64>,
+    /// The root supervisor, to stop the whole tree with its member.
+    root: Arc<std::sync::Mutex<Option<ractor::ActorCell>>>,
 }
 
 impl Supervision {
@@ -381,11 +383,20 @@ impl Supervision {
             refs: Arc::new(RwLock::new(vec![None; shards.max(1)])),
             rebuilt_at_ms: Arc::new(AtomicU64::new(now_ms as u64)),
             restarts: Arc::new(AtomicU64::new(0)),
+            root: Default::default(),
         };
-        Actor::spawn(None, NodeSupervisor, h.clone())
+        let (root, _) = Actor::spawn(None, NodeSupervisor, h.clone())
             .await
             .map_err(|e| anyhow::anyhow!("start the node supervisor: {e}"))?;
+        *h.root.lock().unwrap_or_else(|p| p.into_inner()) = Some(root.get_cell());
         Ok(h)
+    }
+
+    /// Stop the tree (its member is shutting down); the shards stop with their supervisor.
+    pub fn stop(&self) {
+        if let Some(root) = self.root.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            root.stop(Some("member shutting down".into()));
+        }
     }
 
     fn args(&self, index: usize) -> ShardArgs {

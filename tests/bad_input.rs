@@ -139,7 +139,7 @@ async fn no_secret_reaches_a_log_a_snapshot_or_the_raft_log() {
         let ids = ids.clone();
         async move {
             for id in ids {
-                this.cluster_view(id).await?["snapshot_index"].as_u64()?;
+                this.cluster_view(id).await?.snapshot_index?;
             }
             Some(())
         }

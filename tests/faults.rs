@@ -36,15 +36,7 @@ async fn all_heartbeat_ok(urls: &[String], nodes: &[(String, String)]) -> bool {
 async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_catch_up() {
     let mut c =
         Cluster::start_with(3, &["--snapshot-every", "20", "--snapshot-keep-logs", "0"]).await;
-    let mut agents = vec![];
-    let mut nodes = vec![];
-    for i in 0..3 {
-        let t = c.new_token(600).await;
-        let mut a = Agent::new(c.root(), &format!("a{i}"), c.urls());
-        a.start(Some(&t));
-        nodes.push(a.wait_enrolled(None).await);
-        agents.push(a);
-    }
+    let (_agents, nodes) = c.enrol_agents("a", 3).await;
     let leader = c.wait_leader().await;
     c.kill9(leader);
     let new_leader = c.wait_leader().await;
@@ -75,7 +67,7 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
             async move {
                 for id in survivors {
                     let v = this.cluster_view(id).await?;
-                    if v["snapshot_index"].as_u64().is_none_or(|s| s <= dead_had) {
+                    if v.snapshot_index.is_none_or(|s| s <= dead_had) {
                         return None;
                     }
                 }
@@ -123,19 +115,9 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_cluster_killed_keeps_every_acknowledged_write() {
     let mut c = Cluster::start(3).await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "a", c.urls());
-    a.start(Some(&t));
-    let (nid, cred) = a.wait_enrolled(None).await;
+    let (mut a, nid, cred) = c.enrol_one("a").await;
     a.stop();
-    let (s, _) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 200);
+    c.revoke(&nid).await;
     let t2 = c.new_token(600).await;
     a.start(Some(&t2));
     let (_, cred2) = a.wait_enrolled(Some(&cred)).await;
@@ -167,10 +149,7 @@ async fn a_whole_cluster_killed_keeps_every_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_member_restarted_keeps_its_state() {
     let mut c = Cluster::start(1).await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "a", c.urls());
-    a.start(Some(&t));
-    let (nid, cred) = a.wait_enrolled(None).await;
+    let (mut a, nid, cred) = c.enrol_one("a").await;
     a.stop();
     c.kill9(1);
     c.start_member(1);
@@ -258,15 +237,7 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() {
     let mut c = Cluster::start(3).await;
-    let mut agents = vec![];
-    let mut nodes = vec![];
-    for i in 0..4 {
-        let t = c.new_token(600).await;
-        let mut a = Agent::new(c.root(), &format!("w{i}"), c.urls());
-        a.start(Some(&t));
-        nodes.push(a.wait_enrolled(None).await);
-        agents.push(a);
-    }
+    let (mut agents, nodes) = c.enrol_agents("w", 4).await;
     let leader = c.wait_leader().await;
     let followers: Vec<u64> = c.ids.iter().copied().filter(|i| *i != leader).collect();
     for f in &followers {
@@ -276,7 +247,7 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
             WAIT,
             || async move {
                 let v = c.cluster_view(*f).await?;
-                (v["secret_checks"]["cache_entries"].as_u64()? >= 4).then_some(())
+                (v.secret_checks.cache_entries >= 4).then_some(())
             },
         )
         .await;
@@ -286,16 +257,22 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
     }
     c.kill9(leader);
     let new_leader = c.wait_leader().await;
-    let before = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
-        .as_u64()
-        .unwrap();
+    let before = c
+        .cluster_view(new_leader)
+        .await
+        .unwrap()
+        .secret_checks
+        .argon2_verifies;
     for (nid, cred) in &nodes {
         let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(new_leader));
         assert_eq!(call("POST", &url, Some(cred), Some(json!({}))).await.0, 200);
     }
-    let after = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
-        .as_u64()
-        .unwrap();
+    let after = c
+        .cluster_view(new_leader)
+        .await
+        .unwrap()
+        .secret_checks
+        .argon2_verifies;
     assert_eq!(
         after, before,
         "the new leader re-ran argon2 for credentials the old leader had verified"
@@ -314,9 +291,12 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
             (401, Some("invalid_credential")),
             "{v}"
         );
-        let now = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
-            .as_u64()
-            .unwrap();
+        let now = c
+            .cluster_view(new_leader)
+            .await
+            .unwrap()
+            .secret_checks
+            .argon2_verifies;
         assert_eq!(
             now,
             after + attempt,
@@ -325,20 +305,16 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
     }
     // And the right secret is still served from the cache.
     assert_eq!(call("POST", &url, Some(cred), Some(json!({}))).await.0, 200);
-    let last = c.cluster_view(new_leader).await.unwrap()["secret_checks"]["argon2_verifies"]
-        .as_u64()
-        .unwrap();
+    let last = c
+        .cluster_view(new_leader)
+        .await
+        .unwrap()
+        .secret_checks
+        .argon2_verifies;
     assert_eq!(last, after + 2);
     // A revocation still wins over a warm cache on every member.
     let (nid, cred) = &nodes[0];
-    let (s, _) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 200);
+    c.revoke(nid).await;
     assert_eq!(c.heartbeat_all(nid, cred).await, vec![401, 401]);
 }
 

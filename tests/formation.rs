@@ -4,21 +4,12 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
 
 /// Member `id`'s own view: (state, term, member ids), if it answers.
 async fn own_view(c: &Cluster, id: u64) -> Option<(String, u64, Vec<u64>)> {
-    let v: Value = c.cluster_view(id).await?;
-    let members = v["members"]
-        .as_array()?
-        .iter()
-        .filter_map(|m| m["id"].as_u64())
-        .collect();
-    Some((
-        v["state"].as_str()?.to_string(),
-        v["term"].as_u64()?,
-        members,
-    ))
+    let v = c.cluster_view(id).await?;
+    let members = v.members.iter().map(|m| m.id).collect();
+    Some((v.state, v.term, members))
 }
 
 /// ARCHITECTURE.md, "Durability": a database that opens without its vote while the marker

@@ -225,10 +225,7 @@ async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
     // events write, status transitions and coalesced uses are put off), and the agent stops
     // once its own first use is replicated.
     let mut c = Cluster::start_with(1, NO_TIMED_WRITES).await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "a", c.urls());
-    a.start(Some(&t));
-    let (nid, _) = a.wait_enrolled(None).await;
+    let (mut a, nid, _) = c.enrol_one("a").await;
     c.wait_first_use(&nid).await;
     a.stop();
     let digest = c.wait_converged().await;
@@ -388,54 +385,27 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     let (code, pid, _) = admin_cli(&urls, &["decommission", "preview", &nid, "-q"]).await;
     assert_eq!(code, 0);
     let pid = pid.trim().to_string();
-    let (code, _, err) = admin_cli(
-        &urls,
-        &[
-            "decommission",
-            "execute",
-            &nid,
-            "--preview-id",
-            &pid,
-            "--reason",
-            "retired",
-        ],
-    )
-    .await;
+    let execute = [
+        "decommission",
+        "execute",
+        &nid,
+        "--preview-id",
+        &pid,
+        "--reason",
+        "retired",
+        "--yes",
+    ];
+    let without_yes = &execute[..execute.len() - 1];
+    let (code, _, err) = admin_cli(&urls, without_yes).await;
     assert_eq!(code, 2, "{err}");
-    let (code, v) = admin_json(
-        &urls,
-        &[
-            "decommission",
-            "execute",
-            &nid,
-            "--preview-id",
-            &pid,
-            "--reason",
-            "retired",
-            "--yes",
-        ],
-    )
-    .await;
+    let (code, v) = admin_json(&urls, &execute).await;
     assert_eq!(
         (code, v["status"].as_str()),
         (0, Some("decommissioned")),
         "{v}"
     );
     // Retried by a script (same preview, so the same key): the first answer.
-    let (code, again) = admin_json(
-        &urls,
-        &[
-            "decommission",
-            "execute",
-            &nid,
-            "--preview-id",
-            &pid,
-            "--reason",
-            "retired",
-            "--yes",
-        ],
-    )
-    .await;
+    let (code, again) = admin_json(&urls, &execute).await;
     assert_eq!((code, &again), (0, &v));
 
     // Audit: list by node, export, verify live and from the file.
@@ -603,10 +573,7 @@ async fn decommission_execute_asks_on_a_terminal() {
         "this test needs `script` for a pseudo-terminal: apt-get install bsdutils"
     );
     let mut c = Cluster::start(1).await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "a", c.urls());
-    a.start(Some(&t));
-    let (nid, _) = a.wait_enrolled(None).await;
+    let (_a, nid, _) = c.enrol_one("a").await;
     let url = c.url(1);
     let (_, pid, _) = admin_cli(&url, &["decommission", "preview", &nid, "-q"]).await;
     let pid = pid.trim().to_string();

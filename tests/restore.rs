@@ -77,14 +77,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     );
 
     // After the backup: B's credential revoked, C enrolled with a token that was pending.
-    let (s, v) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/hardware/nodes/{b_id}/credential"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    c.revoke(&b_id).await;
     let mut agent_c = Agent::new(c.root(), "c", c.urls());
     agent_c.start(Some(&t_c));
     let (c_id, c_cred) = agent_c.wait_enrolled(None).await;
@@ -170,8 +163,8 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
 
     // The restored cluster has its own id; the old cluster's peer credential is refused.
     let view = c.cluster_view(1).await.unwrap();
-    let cluster_id = view["cluster_id"].as_str().unwrap().to_string();
-    assert!(cluster_id.starts_with("restored-"), "{view}");
+    let cluster_id = view.cluster_id.clone();
+    assert!(cluster_id.starts_with("restored-"), "{view:?}");
     let old_peer = modelforge::secrets::peer_token(ADMIN, "");
     let new_peer = modelforge::secrets::peer_token(ADMIN, &cluster_id);
     let status = |token: String| {
@@ -191,7 +184,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     assert_eq!(status(new_peer).await, 200);
 
     // An old member started again on its old data dir cannot disturb the restored cluster.
-    let term = view["term"].as_u64().unwrap();
+    let term = view.term;
     let old_port = free_port();
     let mut args = vec![
         "serve".to_string(),
@@ -228,11 +221,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     .await;
     // (The agents keep the state moving, so compare terms, not digests.)
     let view = c.cluster_view(1).await.unwrap();
-    assert_eq!(
-        view["term"].as_u64().unwrap(),
-        term,
-        "the old member forced an election"
-    );
+    assert_eq!(view.term, term, "the old member forced an election");
     let _ = old.0.kill();
     let _ = old.0.wait();
     assert_eq!(c.heartbeat_all(&a_id, &a_cred).await, vec![200, 200, 200]);

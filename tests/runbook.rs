@@ -111,14 +111,7 @@ async fn credential_stolen_revoke_then_reenrol_and_the_copy_stays_refused() {
     a.start(Some(&t1));
     let (nid, stolen) = a.wait_enrolled(None).await;
     assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![200, 200, 200]);
-    let (s, v) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    let v = c.revoke(&nid).await;
     assert_eq!(v["revoked"].as_array().unwrap().len(), 1);
     // Revocation is linearizable: right after the 200, every member refuses.
     assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![401, 401, 401]);
@@ -200,14 +193,14 @@ async fn identity_lost_enrols_a_new_node_and_the_hostname_conflict_shows() {
     let node = c.node(&old_id).await;
     assert_eq!(node["hostname_conflicts"], json!([new_id]));
     // "Which enabled nodes claim hostname H": both, until the old one is decommissioned.
-    let (s, v) = c
-        .admin(
+    let v = c
+        .admin_expect(
             "GET",
             "/api/v1/admin/hardware/nodes?hostname=host-a&enabled=true",
             None,
+            200,
         )
         .await;
-    assert_eq!(s, 200, "{v}");
     let mut ids: Vec<&str> = v["nodes"]
         .as_array()
         .unwrap()
@@ -320,14 +313,13 @@ async fn expired_and_cancelled_tokens_are_refused() {
     assert_eq!(s, 201);
     let cancelled = v["token"].as_str().unwrap().to_string();
     let eid = v["enrollment_id"].as_str().unwrap();
-    let (s, v) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/node-enrollments/{eid}"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    c.admin_expect(
+        "DELETE",
+        &format!("/api/v1/admin/node-enrollments/{eid}"),
+        None,
+        200,
+    )
+    .await;
     a.start(Some(&cancelled));
     let (code, line) = a.wait_exit().await;
     assert_eq!(code, 1, "{line}");

@@ -54,25 +54,25 @@ async fn wait_offered(c: &mut Cluster, node_id: &str, offered: bool) {
 
 /// Start a smoke for `node_id` and wait for its verdict.
 async fn smoke(c: &mut Cluster, node_id: &str) -> Value {
-    let (s, v) = c
-        .admin(
+    let v = c
+        .admin_expect(
             "POST",
             &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
             None,
+            202,
         )
         .await;
-    assert_eq!(s, 202, "{v}");
     let id = v["smoke_id"].as_str().unwrap().to_string();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let (s, v) = c
-            .admin(
+        let v = c
+            .admin_expect(
                 "GET",
                 &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke/{id}"),
                 None,
+                200,
             )
             .await;
-        assert_eq!(s, 200, "{v}");
         if v["state"] != "pending" {
             return v;
         }

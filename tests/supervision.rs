@@ -64,10 +64,7 @@ fn history_kinds(v: &Value, kind: &str) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_agent_goes_stale_then_offline_and_back_online() {
     let mut c = Cluster::start_with(3, FAST).await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "a", c.urls());
-    a.start(Some(&t));
-    let (nid, _) = a.wait_enrolled(None).await;
+    let (mut a, nid, _) = c.enrol_one("a").await;
     // Online comes with the first heartbeat's recorded use, which is written before its
     // telemetry reaches the supervisor: wait for both.
     let v = wait_until("node online with its first telemetry", WAIT, || async {
@@ -288,19 +285,9 @@ async fn a_revoked_agent_that_keeps_heartbeating_shows_its_401s_without_a_write_
         ],
     )
     .await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "r", c.urls());
-    a.start(Some(&t));
-    let (nid, cred) = a.wait_enrolled(None).await;
+    let (mut a, nid, cred) = c.enrol_one("r").await;
     a.stop();
-    let (s, _) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
-            None,
-        )
-        .await;
-    assert_eq!(s, 200);
+    c.revoke(&nid).await;
     let leader = c.wait_leader().await;
     let before = c.digest(leader).await.unwrap().1;
     let started = std::time::Instant::now();
@@ -339,10 +326,7 @@ async fn a_revoked_agent_that_keeps_heartbeating_shows_its_401s_without_a_write_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_telemetry_budget_of_zero_keeps_only_each_nodes_latest_sample() {
     let mut c = Cluster::start_with(1, &["--telemetry-budget-mib", "0"]).await;
-    let t = c.new_token(600).await;
-    let mut a = Agent::new(c.root(), "t", c.urls());
-    a.start(Some(&t));
-    let (nid, _) = a.wait_enrolled(None).await;
+    let (_a, nid, _) = c.enrol_one("t").await;
     let url = format!("{}/api/v1/admin/hardware/nodes/{nid}/telemetry", c.url(1));
     // Watch five heartbeats' samples arrive, one replacing the other.
     let deadline = tokio::time::Instant::now() + WAIT;

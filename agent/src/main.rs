@@ -13,7 +13,6 @@ use anyhow::anyhow;
 use clap::Parser;
 use modelforge_proto::wire::EnrollRequest;
 use modelforge_proto::wire::EnrollResponse;
-use modelforge_proto::wire::ErrorBody;
 use modelforge_proto::wire::Inventory;
 use modelforge_proto::wire::Job;
 use tracing_subscriber::EnvFilter;
@@ -58,43 +57,19 @@ struct Args {
     enroll_timeout: Duration,
 }
 
-/// One answer from the control plane, or none.
-enum Reply {
-    Ok(serde_json::Value),
-    Refused(u16, String, String),
-    Unreachable(String),
-}
+use modelforge_client::Answer as Reply;
 
-/// An HTTP client that fails over between the control-plane URLs.
-struct ControlPlane {
-    urls: Vec<String>,
-    current: usize,
-    http: reqwest::Client,
-}
+/// The control plane, through the failover client the admin CLI uses too.
+struct ControlPlane(modelforge_client::Failover);
 
 impl ControlPlane {
     fn new(urls: Vec<String>) -> anyhow::Result<Self> {
-        let urls: Vec<String> = urls
-            .into_iter()
-            .map(|u| u.trim().trim_end_matches('/').to_string())
-            .filter(|u| !u.is_empty())
-            .collect();
-        if urls.is_empty() {
-            anyhow::bail!("--control-plane needs at least one URL");
-        }
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(20))
-            .build()?;
-        Ok(Self {
-            urls,
-            current: 0,
-            http,
-        })
+        modelforge_client::Failover::new(urls, Duration::from_secs(2), Duration::from_secs(20))
+            .map(Self)
+            .map_err(|e| anyhow::anyhow!("--control-plane: {e}"))
     }
 
-    /// Send to the current member; on no answer or 5xx, try the others once each.
+    /// One pass over the members (see `modelforge_client`).
     async fn call(
         &mut self,
         method: reqwest::Method,
@@ -102,34 +77,18 @@ impl ControlPlane {
         bearer: Option<&str>,
         body: &impl serde::Serialize,
     ) -> Reply {
-        let mut last = Reply::Unreachable("no control-plane URL".into());
-        for _ in 0..self.urls.len() {
-            let url = format!("{}{path}", self.urls[self.current]);
-            let mut req = self.http.request(method.clone(), &url).json(body);
-            if let Some(b) = bearer {
-                req = req.bearer_auth(b);
-            }
-            last = match req.send().await {
-                Err(e) => Reply::Unreachable(format!("{url}: {}", e.without_url())),
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let v: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
-                    if (200..300).contains(&status) {
-                        return Reply::Ok(v);
-                    }
-                    let (code, message) = match serde_json::from_value::<ErrorBody>(v) {
-                        Ok(e) => (e.error.code, e.error.message),
-                        Err(_) => ("unknown".into(), format!("HTTP {status}")),
-                    };
-                    if status < 500 && status != 429 {
-                        return Reply::Refused(status, code, message);
-                    }
-                    Reply::Unreachable(format!("{url}: {status} {code}: {message}"))
-                }
-            };
-            self.current = (self.current + 1) % self.urls.len();
-        }
-        last
+        let body = match serde_json::to_vec(body) {
+            Ok(b) => b,
+            Err(e) => return Reply::Unavailable(format!("request does not encode: {e}")),
+        };
+        let req = modelforge_client::Request {
+            method,
+            path,
+            bearer,
+            body: Some(body),
+            idempotency_key: None,
+        };
+        self.0.send(&req).await
     }
 }
 
@@ -195,7 +154,7 @@ impl Agent {
                 Reply::Refused(status, code, message) => {
                     return Err(anyhow!("enrolment refused ({status} {code}): {message}"));
                 }
-                Reply::Unreachable(why) => {
+                Reply::Unavailable(why) => {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(anyhow!("could not enrol: control plane unavailable: {why}"));
                     }
@@ -280,7 +239,7 @@ impl Agent {
                     Reply::Refused(s, code, m) => {
                         tracing::warn!(status = s, code, message = m, "inventory refused")
                     }
-                    Reply::Unreachable(why) => {
+                    Reply::Unavailable(why) => {
                         tracing::warn!(reason = %why, "inventory not delivered")
                     }
                 }
@@ -328,7 +287,7 @@ impl Agent {
                                 );
                                 self.smokes_done.insert(smoke_id);
                             }
-                            Reply::Unreachable(why) => {
+                            Reply::Unavailable(why) => {
                                 tracing::warn!(reason = %why, "smoke report not delivered; retried with the next heartbeat")
                             }
                         }
@@ -339,7 +298,7 @@ impl Agent {
                 Reply::Refused(s, code, m) => {
                     tracing::warn!(status = s, code, message = m, "heartbeat refused")
                 }
-                Reply::Unreachable(why) => tracing::warn!(reason = %why, "heartbeat not delivered"),
+                Reply::Unavailable(why) => tracing::warn!(reason = %why, "heartbeat not delivered"),
             }
         }
     }

@@ -9,17 +9,14 @@ use std::process::Stdio;
 use std::time::Duration;
 use std::time::Instant;
 
+use modelforge_devkit as devkit;
+use modelforge_devkit::Proc;
+use modelforge_proto::api::ClusterView;
 use serde_json::Value;
 
 pub const ADMIN: &str = "bench-admin-token-0123456789abcdef";
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a loopback port")
-        .local_addr()
-        .expect("local address")
-        .port()
-}
+pub use modelforge_devkit::free_port;
 
 /// Resident set size of a process, in MiB.
 pub fn rss_mib(pid: u32) -> f64 {
@@ -36,9 +33,9 @@ pub fn rss_mib(pid: u32) -> f64 {
 
 struct Member {
     url: String,
-    command: Vec<String>,
+    args: Vec<String>,
     log: PathBuf,
-    child: Option<Child>,
+    proc: Option<Proc>,
 }
 
 pub struct Cluster {
@@ -50,31 +47,23 @@ impl Cluster {
     /// Start 3 members with `extra` serve flags; returns once one of them is leader.
     pub async fn start(bin: &Path, dir: &Path, name: &str, extra: &[String]) -> Self {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let peers: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}=http://127.0.0.1:{p}", i + 1))
-            .collect();
+        let peers = devkit::peers(&ports);
         let members = (0..3)
             .map(|i| {
-                let mut command = vec![
-                    "serve".to_string(),
-                    "--node-id".into(),
-                    (i + 1).to_string(),
-                    "--listen".into(),
-                    format!("127.0.0.1:{}", ports[i]),
-                    "--data-dir".into(),
-                    dir.join(format!("{name}-m{}", i + 1)).display().to_string(),
-                ];
-                for p in &peers {
-                    command.extend(["--peer".to_string(), p.clone()]);
-                }
-                command.extend(extra.iter().cloned());
+                let data_dir = dir.join(format!("{name}-m{}", i + 1));
                 Member {
-                    url: format!("http://127.0.0.1:{}", ports[i]),
-                    command,
+                    url: devkit::url(ports[i]),
+                    args: devkit::MemberSpec {
+                        id: i as u64 + 1,
+                        port: ports[i],
+                        data_dir: &data_dir,
+                        peers: &peers,
+                        routes: &[],
+                        extra,
+                    }
+                    .args(),
                     log: dir.join(format!("{name}-m{}.log", i + 1)),
-                    child: None,
+                    proc: None,
                 }
             })
             .collect();
@@ -91,20 +80,13 @@ impl Cluster {
 
     fn spawn(&mut self, i: usize) {
         let m = &mut self.members[i];
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&m.log)
-            .expect("member log file");
-        let child = Command::new(&self.bin)
-            .args(&m.command)
-            .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-            .env("MODELFORGE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
+        let env = [
+            ("MODELFORGE_ADMIN_TOKEN", ADMIN),
+            ("MODELFORGE_LOG", "warn"),
+        ];
+        let proc = Proc::spawn(&self.bin, &m.args, &env, &m.log, false)
             .unwrap_or_else(|e| panic!("start {}: {e}", self.bin.display()));
-        m.child = Some(child);
+        m.proc = Some(proc);
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -116,7 +98,7 @@ impl Cluster {
     }
 
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.members[i].child.as_ref().map(|c| c.id())
+        self.members[i].proc.as_ref().map(Proc::pid)
     }
 
     /// RSS of each running member, in MiB (0 for a stopped one).
@@ -126,42 +108,24 @@ impl Cluster {
             .collect()
     }
 
-    /// The leader's index (0-based) as the running members report it.
+    /// The leader's index (0-based) as the running members report it (the newest term's).
     pub async fn leader(&self, http: &reqwest::Client) -> Option<usize> {
-        for (i, m) in self.members.iter().enumerate() {
-            if m.child.is_none() {
-                continue;
-            }
-            let Some(v) = self.cluster_view(http, i).await else {
-                continue;
-            };
-            if let Some(l) = v["leader_id"].as_u64()
-                && l >= 1
-                && self.members[l as usize - 1].child.is_some()
-            {
-                return Some(l as usize - 1);
+        let mut views = vec![];
+        for i in 0..self.members.len() {
+            if self.members[i].proc.is_some() {
+                views.push(self.cluster_view(http, i).await);
             }
         }
-        None
+        let l = devkit::newest_leader(&views)? as usize;
+        (l >= 1 && self.members.get(l - 1)?.proc.is_some()).then_some(l - 1)
     }
 
-    pub async fn cluster_view(&self, http: &reqwest::Client, i: usize) -> Option<Value> {
-        http.get(format!("{}/api/v1/cluster", self.members[i].url))
-            .bearer_auth(ADMIN)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()
+    pub async fn cluster_view(&self, http: &reqwest::Client, i: usize) -> Option<ClusterView> {
+        devkit::cluster_view(http, &self.members[i].url, ADMIN, Duration::from_secs(2)).await
     }
 
     pub async fn wait_leader(&self, timeout: Duration) -> usize {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("client");
+        let http = devkit::http();
         let t = Instant::now();
         loop {
             if let Some(l) = self.leader(&http).await {
@@ -174,9 +138,8 @@ impl Cluster {
 
     /// kill -9 one member.
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut c) = self.members[i].child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut p) = self.members[i].proc.take() {
+            p.kill9();
         }
     }
 
@@ -187,7 +150,7 @@ impl Cluster {
         loop {
             if let (Some(l), Some(v)) = (self.leader(http).await, self.cluster_view(http, i).await)
                 && let Some(lv) = self.cluster_view(http, l).await
-                && v["applied_index"].as_u64() >= lv["commit_index"].as_u64()
+                && v.applied_index >= lv.commit_index
             {
                 return;
             }

@@ -96,6 +96,7 @@ where
 }
 
 /// A simulated agent: a real identity and credential, and the body it heartbeats with.
+#[derive(Clone)]
 pub struct SimAgent {
     pub index: usize,
     pub node_id: String,

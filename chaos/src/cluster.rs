@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::path::PathBuf;
-use std::process::Child;
-use std::process::Command;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+
+use modelforge_devkit as devkit;
+use modelforge_devkit::Proc;
 
 use crate::proxy::Proxy;
 
@@ -32,17 +32,10 @@ pub struct ChaosCluster {
     pub n: usize,
     ports: Vec<u16>,
     proxies: BTreeMap<(usize, usize), Proxy>,
-    procs: Vec<Option<Child>>,
+    procs: Vec<Option<Proc>>,
     paused: Vec<bool>,
     extra: Vec<String>,
     pub http: reqwest::Client,
-}
-
-fn free_port() -> Result<u16, HarnessError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| HarnessError(format!("no free port: {e}")))
 }
 
 impl ChaosCluster {
@@ -59,7 +52,7 @@ impl ChaosCluster {
                 bin.display()
             )));
         }
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_, _>>()?;
+        let ports: Vec<u16> = (0..n).map(|_| devkit::free_port()).collect();
         let mut proxies = BTreeMap::new();
         for i in 0..n {
             for (j, port) in ports.iter().enumerate() {
@@ -71,12 +64,6 @@ impl ChaosCluster {
                 }
             }
         }
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_millis(500))
-            .pool_max_idle_per_host(64)
-            .build()
-            .map_err(|e| HarnessError(e.to_string()))?;
         let mut c = Self {
             root: root.to_path_buf(),
             bin: bin.to_path_buf(),
@@ -86,7 +73,7 @@ impl ChaosCluster {
             procs: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
             extra: extra.to_vec(),
-            http,
+            http: devkit::http(),
         };
         for i in 0..n {
             c.start_member(i)?;
@@ -98,59 +85,47 @@ impl ChaosCluster {
     }
 
     pub fn url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.ports[i])
+        devkit::url(self.ports[i])
     }
 
     pub fn urls(&self) -> Vec<String> {
         (0..self.n).map(|i| self.url(i)).collect()
     }
 
+    /// Start member `i` (in a process group of its own, so that a pause stops all of it),
+    /// reaching every other member through its proxy.
     pub fn start_member(&mut self, i: usize) -> Result<(), HarnessError> {
-        use std::os::unix::process::CommandExt;
-        let mut cmd = Command::new(&self.bin);
-        cmd.args([
-            "serve",
-            "--node-id",
-            &(i + 1).to_string(),
-            "--listen",
-            &format!("127.0.0.1:{}", self.ports[i]),
-        ]);
-        cmd.args([
-            "--data-dir",
-            &self.root.join(format!("m{}", i + 1)).display().to_string(),
-        ]);
-        for j in 0..self.n {
-            cmd.args(["--peer", &format!("{}={}", j + 1, self.url(j))]);
-            if j != i {
-                cmd.args([
-                    "--peer-route",
-                    &format!("{}=http://127.0.0.1:{}", j + 1, self.proxies[&(i, j)].port),
-                ]);
-            }
+        let peers = devkit::peers(&self.ports);
+        let routes: Vec<(u64, String)> = (0..self.n)
+            .filter(|j| *j != i)
+            .map(|j| (j as u64 + 1, devkit::url(self.proxies[&(i, j)].port)))
+            .collect();
+        let data_dir = self.root.join(format!("m{}", i + 1));
+        let args = devkit::MemberSpec {
+            id: i as u64 + 1,
+            port: self.ports[i],
+            data_dir: &data_dir,
+            peers: &peers,
+            routes: &routes,
+            extra: &self.extra,
         }
-        cmd.args(&self.extra);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.root.join(format!("m{}.log", i + 1)))
-            .map_err(|e| HarnessError(format!("log file: {e}")))?;
-        cmd.env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .map_err(|e| HarnessError(format!("start member {}: {e}", i + 1)))?;
-        self.procs[i] = Some(child);
+        .args();
+        let log = self.root.join(format!("m{}.log", i + 1));
+        let proc = Proc::spawn(
+            &self.bin,
+            &args,
+            &[("MODELFORGE_ADMIN_TOKEN", ADMIN)],
+            &log,
+            true,
+        )
+        .map_err(|e| HarnessError(format!("start member {}: {e}", i + 1)))?;
+        self.procs[i] = Some(proc);
         self.paused[i] = false;
         Ok(())
     }
 
     pub fn running(&mut self, i: usize) -> bool {
-        self.procs[i]
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.procs[i].as_mut().is_some_and(Proc::alive)
     }
 
     pub fn is_paused(&self, i: usize) -> bool {
@@ -158,23 +133,13 @@ impl ChaosCluster {
     }
 
     fn signal(&self, i: usize, sig: i32) -> bool {
-        match &self.procs[i] {
-            // SAFETY: kill(2) on our own child's process group.
-            Some(c) => unsafe { libc::kill(-(c.id() as i32), sig) == 0 },
-            None => false,
-        }
+        self.procs[i].as_ref().is_some_and(|p| p.signal(sig))
     }
 
     pub fn kill9(&mut self, i: usize) -> bool {
-        if self.paused[i] {
-            self.signal(i, libc::SIGCONT);
-        }
-        let ok = self.signal(i, libc::SIGKILL);
-        if let Some(mut c) = self.procs[i].take() {
-            let _ = c.wait();
-        }
+        let killed = self.procs[i].take().map(|mut p| p.kill9()).is_some();
         self.paused[i] = false;
-        ok
+        killed
     }
 
     pub fn pause(&mut self, i: usize) -> bool {
@@ -203,33 +168,20 @@ impl ChaosCluster {
         }
     }
 
-    pub async fn view(&self, i: usize) -> Option<Value> {
-        let r = self
-            .http
-            .get(format!("{}/api/v1/cluster", self.url(i)))
-            .bearer_auth(ADMIN)
-            .timeout(Duration::from_millis(800))
-            .send()
-            .await
-            .ok()?;
-        r.json().await.ok()
-    }
-
     /// The leader named by the member with the highest term among those that answer.
     pub async fn leader(&mut self) -> Option<usize> {
-        let mut best: Option<(u64, usize)> = None;
+        let mut views = vec![];
         for i in 0..self.n {
-            if !self.running(i) || self.paused[i] {
-                continue;
-            }
-            if let Some(v) = self.view(i).await
-                && let (Some(term), Some(l)) = (v["term"].as_u64(), v["leader_id"].as_u64())
-                && best.is_none_or(|(t, _)| term > t)
-            {
-                best = Some((term, l as usize - 1));
+            if self.running(i) && !self.paused[i] {
+                let url = self.url(i);
+                views.push(
+                    devkit::cluster_view(&self.http, &url, ADMIN, Duration::from_millis(800)).await,
+                );
             }
         }
-        best.map(|(_, l)| l).filter(|l| *l < self.n)
+        devkit::newest_leader(&views)
+            .map(|l| l as usize - 1)
+            .filter(|l| *l < self.n)
     }
 
     pub async fn wait_leader(&mut self, timeout: Duration) -> Option<usize> {
@@ -248,18 +200,8 @@ impl ChaosCluster {
 
     /// (digest, applied index) of member `i`, read locally.
     pub async fn digest(&self, i: usize) -> Option<(String, u64)> {
-        let r = self
-            .http
-            .get(format!("{}/api/v1/cluster/state-digest", self.url(i)))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .ok()?;
-        let v: Value = r.json().await.ok()?;
-        Some((
-            v["digest"].as_str()?.to_string(),
-            v["applied_index"].as_u64()?,
-        ))
+        let d = devkit::state_digest(&self.http, &self.url(i), ADMIN).await?;
+        Some((d.digest, d.applied_index))
     }
 
     /// An admin GET on the leader (through any member), retried until `timeout`.

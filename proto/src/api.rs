@@ -156,6 +156,58 @@ impl<'de> Deserialize<'de> for ErrorCode {
     }
 }
 
+/// One member of the membership, as `GET /api/v1/cluster` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ClusterMember {
+    pub id: u64,
+    pub url: String,
+    pub voter: bool,
+}
+
+/// Counters of the credential check in `GET /api/v1/cluster`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SecretChecksView {
+    pub argon2_verifies: u64,
+    pub cache_hits: u64,
+    pub cache_entries: usize,
+    pub entries_learned_from_leader: u64,
+}
+
+/// The leader's pool of credentials minted ahead, in `GET /api/v1/cluster`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CredentialPoolView {
+    pub ready: usize,
+    pub minted_ahead: u64,
+    pub minted_inline: u64,
+}
+
+/// `GET /api/v1/cluster`: the cluster as the answering member sees it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ClusterView {
+    pub id: u64,
+    pub leader_id: Option<u64>,
+    pub leader_url: Option<String>,
+    pub term: u64,
+    /// openraft's server state: `Leader`, `Follower`, `Candidate`, `Learner`, `Shutdown`.
+    pub state: String,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub snapshot_index: Option<u64>,
+    pub members: Vec<ClusterMember>,
+    /// "" for a cluster formed from scratch; `restored-...` for one formed from a backup.
+    pub cluster_id: String,
+    pub secret_checks: SecretChecksView,
+    pub credential_pool: CredentialPoolView,
+}
+
+/// `GET /api/v1/cluster/state-digest`: a digest of the member's applied state.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StateDigest {
+    pub digest: String,
+    pub applied_index: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

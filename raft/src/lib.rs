@@ -147,6 +147,8 @@ pub struct ClusterStatus {
 pub struct Consensus<A: Application> {
     raft: Raft<A>,
     id: u64,
+    /// Closed on shutdown, so that the data dir can be opened again in the same process.
+    log: LogStore,
 }
 
 impl<A: Application> Clone for Consensus<A> {
@@ -154,6 +156,7 @@ impl<A: Application> Clone for Consensus<A> {
         Self {
             raft: self.raft.clone(),
             id: self.id,
+            log: self.log.clone(),
         }
     }
 }
@@ -201,11 +204,11 @@ impl<A: Application> Consensus<A> {
             .map_err(|e| anyhow_like::Error(e.to_string()))?;
         let sm = StateMachine::open(dir, app).map_err(|e| anyhow_like::Error(e.to_string()))?;
         let pacing = sm.pacing();
-        let raft = openraft::Raft::new(id, config, network, log, sm)
+        let raft = openraft::Raft::new(id, config, network, log.clone(), sm)
             .await
             .map_err(|e| anyhow_like::Error(e.to_string()))?;
         pace_snapshots(raft.clone(), pacing, tuning.snapshot_every_logs.max(1));
-        Ok(Self { raft, id })
+        Ok(Self { raft, id, log })
     }
 
     pub fn id(&self) -> u64 {
@@ -356,10 +359,13 @@ impl<A: Application> Consensus<A> {
             .map_err(|e| e.to_string())
     }
 
+    /// Stop the Raft task, then close the log (its database file is released once this
+    /// returns).
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
+        self.log.close().await;
     }
 }
 

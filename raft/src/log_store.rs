@@ -76,6 +76,9 @@ enum Op {
     TruncateFrom(u64),
     /// Remove every entry with index <= this, and record the purge point.
     PurgeUpTo(u64, Vec<u8>),
+    /// Write what came before, close the database and end the writer (answered once the
+    /// database file is released).
+    Close,
 }
 
 struct Mirror {
@@ -194,6 +197,12 @@ impl LogStore {
             .map_err(|_| io::Error::other("raft log writer thread is gone"))?
     }
 
+    /// Write what was submitted, then close the database (its file lock released) and end
+    /// the writer thread. Later writes fail. Idempotent.
+    pub async fn close(&self) {
+        let _ = self.submit_and_wait(Op::Close).await;
+    }
+
     fn mirror(&self) -> std::sync::RwLockReadGuard<'_, Mirror> {
         self.shared.mirror.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -213,12 +222,21 @@ fn writer(
     marker: PathBuf,
     mut has_marker: bool,
 ) {
+    let mut closing = None;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_OPS {
             match rx.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
+            }
+        }
+        // Everything after a close is refused: the store is going away.
+        if let Some(at) = batch.iter().position(|(op, _)| matches!(op, Op::Close)) {
+            let after = batch.split_off(at + 1);
+            closing = batch.pop().map(|(_, done)| done);
+            for (_, done) in after {
+                done.complete(&Err("the raft log is closed".into()));
             }
         }
         let wrote_vote = batch
@@ -236,6 +254,13 @@ fn writer(
         for (_, done) in batch {
             done.complete(&result);
         }
+        if closing.is_some() {
+            break;
+        }
+    }
+    drop(db);
+    if let Some(done) = closing {
+        done.complete(&Ok(()));
     }
 }
 
@@ -273,6 +298,7 @@ fn write_batch(
                     log.retain_in(..=*index, |_, _| false)?;
                     meta.insert(KEY_PURGED, purged.as_slice())?;
                 }
+                Op::Close => {}
             }
         }
     }

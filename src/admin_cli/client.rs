@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use modelforge_proto::wire::ErrorBody;
+use modelforge_client::Answer;
+use modelforge_client::Failover;
+use modelforge_client::Request;
+use modelforge_client::classify;
 use serde_json::Value;
 
 /// Why a call did not succeed.
@@ -20,10 +23,8 @@ pub enum CallError {
 }
 
 pub struct Client {
-    urls: Vec<String>,
-    current: usize,
+    cluster: Failover,
     token: String,
-    http: reqwest::Client,
     /// Sent with every write of this invocation (unless the command names its own key).
     idempotency_key: String,
     /// How long one call keeps trying members that do not answer or answer 503.
@@ -36,16 +37,11 @@ impl Client {
         token: String,
         failover_deadline: Duration,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(20))
-            .build()?;
+        let cluster = Failover::new(urls, Duration::from_secs(1), Duration::from_secs(20))
+            .map_err(|e| anyhow::anyhow!("--server: {e}"))?;
         Ok(Self {
-            urls,
-            current: 0,
+            cluster,
             token,
-            http,
             idempotency_key: format!("cli-{}", modelforge_proto::new_uuid()),
             failover_deadline,
         })
@@ -53,7 +49,7 @@ impl Client {
 
     /// The member URLs, as given.
     pub fn urls(&self) -> &[String] {
-        &self.urls
+        self.cluster.urls()
     }
 
     pub async fn get(&mut self, path: &str) -> Result<Value, CallError> {
@@ -81,39 +77,21 @@ impl Client {
         body: Option<Value>,
         key: Option<&str>,
     ) -> Result<Value, CallError> {
-        let deadline = tokio::time::Instant::now() + self.failover_deadline;
-        let mut tried = 0usize;
-        loop {
-            let url = format!("{}{path}", self.urls[self.current]);
-            let mut req = self
-                .http
-                .request(method.clone(), &url)
-                .bearer_auth(&self.token);
-            if let Some(b) = &body {
-                req = req.json(b);
-            }
-            if let Some(k) = key {
-                req = req.header("Idempotency-Key", k);
-            }
-            let why = match req.send().await {
-                Err(e) => format!("{}: {}", self.urls[self.current], e.without_url()),
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let v: Value = resp.json().await.unwrap_or(Value::Null);
-                    if (200..300).contains(&status) {
-                        return Ok(v);
-                    }
-                    refusal_or_retry(status, v, &self.urls[self.current])?
-                }
-            };
-            tried += 1;
-            self.current = (self.current + 1) % self.urls.len();
-            if tokio::time::Instant::now() >= deadline {
-                return Err(CallError::Unreachable(why));
-            }
-            if tried.is_multiple_of(self.urls.len()) {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+        let req = Request {
+            method,
+            path,
+            bearer: Some(&self.token),
+            body: body.map(|b| b.to_string().into_bytes()),
+            idempotency_key: key,
+        };
+        match self.cluster.send_within(&req, self.failover_deadline).await {
+            Answer::Ok(v) => Ok(v),
+            Answer::Refused(status, code, message) => Err(CallError::Refused {
+                status,
+                code,
+                message,
+            }),
+            Answer::Unavailable(why) => Err(CallError::Unreachable(why)),
         }
     }
 
@@ -122,16 +100,17 @@ impl Client {
     pub async fn download(&mut self, path: &str) -> Result<Vec<u8>, CallError> {
         let deadline = tokio::time::Instant::now() + self.failover_deadline;
         loop {
-            let url = format!("{}{path}", self.urls[self.current]);
+            let url = format!("{}{path}", self.cluster.current());
             let resp = self
-                .http
+                .cluster
+                .http()
                 .get(&url)
                 .bearer_auth(&self.token)
                 .timeout(Duration::from_secs(3600))
                 .send()
                 .await;
             let why = match resp {
-                Err(e) => format!("{}: {}", self.urls[self.current], e.without_url()),
+                Err(e) => format!("{url}: {}", e.without_url()),
                 Ok(mut resp) if resp.status().is_success() => {
                     let total = resp.content_length();
                     let mut out = Vec::with_capacity(total.unwrap_or(0) as usize);
@@ -167,31 +146,25 @@ impl Client {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     let v: Value = resp.json().await.unwrap_or(Value::Null);
-                    refusal_or_retry(status, v, &url)?
+                    match classify(status, v, &url) {
+                        Answer::Refused(status, code, message) => {
+                            return Err(CallError::Refused {
+                                status,
+                                code,
+                                message,
+                            });
+                        }
+                        Answer::Unavailable(why) => why,
+                        // 2xx is taken above; nothing else classifies as a result.
+                        Answer::Ok(_) => format!("{url}: {status}"),
+                    }
                 }
             };
-            self.current = (self.current + 1) % self.urls.len();
+            self.cluster.advance();
             if tokio::time::Instant::now() >= deadline {
                 return Err(CallError::Unreachable(why));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
-}
-
-/// An error answer: a refusal to report (Err), or why to try another member (Ok) when the
-/// member was busy or had no leader (429, 502, 503, 504).
-fn refusal_or_retry(status: u16, body: Value, url: &str) -> Result<String, CallError> {
-    let (code, message) = match serde_json::from_value::<ErrorBody>(body) {
-        Ok(e) => (e.error.code, e.error.message),
-        Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
-    };
-    if !matches!(status, 429 | 502 | 503 | 504) {
-        return Err(CallError::Refused {
-            status,
-            code,
-            message,
-        });
-    }
-    Ok(format!("{url}: {status} {code}: {message}"))
 }

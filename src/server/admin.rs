@@ -17,6 +17,7 @@ use serde_json::Value;
 use serde_json::json;
 
 use super::Shared;
+use super::extract::AdminNode;
 use super::extract::JsonBody;
 use super::extract::check_id;
 use super::extract::request_id;
@@ -279,12 +280,8 @@ pub async fn list_nodes(
 /// last refused agent request.
 pub async fn show_node(
     State(ctx): State<Shared>,
-    headers: HeaderMap,
-    Path(node_id): Path<String>,
+    AdminNode(node_id): AdminNode,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
-    ctx.linearize().await?;
     let now = now_ms();
     let (live, rebuilt_at) = ctx.live.sup.get(&node_id).await;
     let s = ctx.app.read();
@@ -315,18 +312,8 @@ pub async fn show_node(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/telemetry`: the recent ring, oldest first.
 pub async fn telemetry(
     State(ctx): State<Shared>,
-    headers: HeaderMap,
-    Path(node_id): Path<String>,
+    AdminNode(node_id): AdminNode,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
-    ctx.linearize().await?;
-    if !ctx.app.read().nodes.contains_key(&node_id) {
-        return Err(ApiError::new(
-            ErrorCode::NodeNotFound,
-            "no node with this id",
-        ));
-    }
     let (live, _) = ctx.live.sup.get(&node_id).await;
     let samples: Vec<Value> = live
         .telemetry
@@ -339,12 +326,8 @@ pub async fn telemetry(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.
 pub async fn list_credentials(
     State(ctx): State<Shared>,
-    headers: HeaderMap,
-    Path(node_id): Path<String>,
+    AdminNode(node_id): AdminNode,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
-    ctx.linearize().await?;
     let s = ctx.app.read();
     let node = s
         .nodes
@@ -624,8 +607,9 @@ pub async fn state_digest(
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     let s = ctx.app.read();
-    Ok(
-        axum::Json(json!({"digest": s.digest(), "applied_index": s.last_applied_index}))
-            .into_response(),
-    )
+    Ok(axum::Json(modelforge_proto::api::StateDigest {
+        digest: s.digest(),
+        applied_index: s.last_applied_index,
+    })
+    .into_response())
 }

@@ -380,14 +380,7 @@ pub async fn smoke_report(
             })
             .collect(),
     };
-    match ctx
-        .propose(
-            &format!("agent:{node_id}"),
-            modelforge_proto::new_uuid(),
-            cmd,
-        )
-        .await?
-    {
+    match ctx.propose_for_agent(&node_id, cmd).await? {
         Outcome::SmokeFinished { passed } => {
             Ok(axum::Json(json!({"passed": passed})).into_response())
         }
@@ -421,14 +414,7 @@ pub async fn inventory(
         node_id: node_id.clone(),
         inventory: inv,
     };
-    match ctx
-        .propose(
-            &format!("agent:{node_id}"),
-            modelforge_proto::new_uuid(),
-            cmd,
-        )
-        .await?
-    {
+    match ctx.propose_for_agent(&node_id, cmd).await? {
         Outcome::InventoryUpdated { changed } => {
             Ok(axum::Json(json!({"changed": changed})).into_response())
         }

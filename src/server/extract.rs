@@ -163,3 +163,31 @@ pub fn request_id(
         }
     }
 }
+
+/// "An admin asks about an existing node": the admin token, a well-formed `{node_id}` from the
+/// path, a linearized read, and the node exists (nodes are never deleted, so it still does
+/// when the handler reads it). Its id.
+pub struct AdminNode(pub String);
+
+impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        ctx: &super::Shared,
+    ) -> Result<Self, ApiError> {
+        require_admin(ctx, &parts.headers)?;
+        let axum::extract::Path(params) = axum::extract::Path::<
+            std::collections::HashMap<String, String>,
+        >::from_request_parts(parts, ctx)
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::InvalidId, "the path does not name a node"))?;
+        let node_id = params.get("node_id").cloned().unwrap_or_default();
+        check_id("node_id", &node_id)?;
+        ctx.linearize().await?;
+        if !ctx.app.read().nodes.contains_key(&node_id) {
+            return Err(ApiError::of(ErrorCode::NodeNotFound));
+        }
+        Ok(AdminNode(node_id))
+    }
+}

@@ -8,10 +8,10 @@
 use std::collections::VecDeque;
 
 use modelforge_proto::api::ErrorCode as RefusalCode;
-use modelforge_proto::wire::Inventory;
 
 use super::ApplyResult;
 use super::Claim;
+use super::Command;
 use super::Credential;
 use super::Node;
 use super::Outcome;
@@ -22,6 +22,7 @@ use super::model::inventory_digest;
 use super::model::push_history;
 use super::model::set_inventory;
 use crate::journal::Fact;
+use modelforge_proto::wire::Inventory;
 
 impl State {
     /// Whether `token_id` can be claimed by `public_key` at `now`: the token exists, is not
@@ -160,19 +161,28 @@ impl State {
         Ok(Outcome::Touched { count })
     }
 
-    #[allow(clippy::too_many_arguments)] // the fields of one enrolment command
+    /// Apply an enrolment (`command` is a [`Command::Enroll`]; anything else is refused).
     pub(super) fn enroll(
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        token_id: &str,
-        public_key: &str,
-        hostname: &str,
-        inventory: &Inventory,
-        new_node_id: &str,
-        credential_id: &str,
-        credential_hash: &str,
+        command: &Command,
     ) -> ApplyResult {
+        let Command::Enroll {
+            token_id,
+            public_key,
+            hostname,
+            inventory,
+            new_node_id,
+            credential_id,
+            credential_hash,
+        } = command
+        else {
+            return Err(Refusal::new(RefusalCode::BadCommand));
+        };
+        let (token_id, public_key, hostname) =
+            (token_id.as_str(), public_key.as_str(), hostname.as_str());
+        let (new_node_id, credential_id) = (new_node_id.as_str(), credential_id.as_str());
         let retry = self.check_claim(token_id, public_key, now)?.claim.is_some();
         if self.credentials.contains_key(credential_id) {
             return Err(Refusal::new(RefusalCode::CredentialExists));

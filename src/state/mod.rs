@@ -167,25 +167,7 @@ impl State {
                 note,
             } => self.create_token(now, token_id, hash, *ttl_ms, note),
             Command::CancelToken { token_id } => self.cancel_token(facts, now, token_id),
-            Command::Enroll {
-                token_id,
-                public_key,
-                hostname,
-                inventory,
-                new_node_id,
-                credential_id,
-                credential_hash,
-            } => self.enroll(
-                facts,
-                now,
-                token_id,
-                public_key,
-                hostname,
-                inventory,
-                new_node_id,
-                credential_id,
-                credential_hash,
-            ),
+            enroll @ Command::Enroll { .. } => self.enroll(facts, now, enroll),
             Command::RevokeCredentials { node_id, reason } => {
                 self.revoke_node(facts, now, node_id, reason)
             }

@@ -5,7 +5,6 @@
 //! difference. A failure prints its seed; `STATE_PROPTEST_SEED=<seed>` replays one sequence and
 //! `STATE_PROPTEST_CASES=<n>` runs more.
 
-use modelforge_proto::wire::Accelerator;
 use modelforge_proto::wire::Inventory;
 
 use super::*;
@@ -38,21 +37,8 @@ impl Rng {
 }
 
 fn inventory(uuids: &[String]) -> Inventory {
-    Inventory {
-        accelerators: uuids
-            .iter()
-            .map(|u| Accelerator {
-                uuid: u.clone(),
-                name: "H200".into(),
-                memory_total_mib: Some(1),
-                pci_bus_id: None,
-                index: None,
-                mig_mode: None,
-                power_limit_w: None,
-            })
-            .collect(),
-        ..Default::default()
-    }
+    let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+    super::tests::inventory_with(&uuids)
 }
 
 fn command(r: &mut Rng, s: &State) -> Command {

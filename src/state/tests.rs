@@ -590,7 +590,7 @@ fn the_first_heartbeat_spending_the_claim_does_not_make_a_preview_stale() {
     assert!(s.tokens["t1"].claim.as_ref().unwrap().spent);
 }
 
-fn inventory_with(uuids: &[&str]) -> Inventory {
+pub(super) fn inventory_with(uuids: &[&str]) -> Inventory {
     Inventory {
         accelerators: uuids
             .iter()

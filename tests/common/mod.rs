@@ -7,11 +7,12 @@
 use std::future::Future;
 use std::path::Path;
 use std::path::PathBuf;
-use std::process::Child;
 use std::process::Command;
-use std::process::Stdio;
 use std::time::Duration;
 
+use modelforge_devkit as devkit;
+use modelforge_devkit::Proc;
+use modelforge_proto::api::ClusterView;
 use serde_json::Value;
 use serde_json::json;
 
@@ -60,24 +61,7 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
-/// A free loopback port, never the same one twice in this process (the kernel can hand out a
-/// just-released port again, and two members given one port made a member vote for itself
-/// twice, which tripped an openraft assertion).
-pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
+pub use modelforge_devkit::free_port;
 
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
@@ -102,14 +86,7 @@ pub async fn call(
     if let Some(b) = body {
         r = r.json(&b);
     }
-    match r.send().await {
-        Ok(resp) => {
-            let s = resp.status().as_u16();
-            let v = resp.json().await.unwrap_or(Value::Null);
-            (s, v)
-        }
-        Err(_) => (0, Value::Null),
-    }
+    answer(r).await
 }
 
 pub async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
@@ -118,6 +95,11 @@ pub async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8
     for (k, v) in headers {
         r = r.header(*k, *v);
     }
+    answer(r).await
+}
+
+/// Send `r`: (status, JSON body or null); (0, null) when no answer came.
+async fn answer(r: reqwest::RequestBuilder) -> (u16, Value) {
     match r.send().await {
         Ok(resp) => {
             let s = resp.status().as_u16();
@@ -150,47 +132,19 @@ where
     }
 }
 
-fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Child {
-    use std::os::unix::process::CommandExt;
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let mut c = Command::new(bin);
-    c.args(args)
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .stdin(Stdio::null());
-    c.env_remove("MODELFORGE_ENROLLMENT_TOKEN")
-        .env_remove("MODELFORGE_ADMIN_TOKEN")
-        .env("MODELFORGE_LOG", "info");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.process_group(0);
-    c.spawn()
+/// Start a member or agent in a process group of its own, logging at info.
+fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Proc {
+    let mut env = env.to_vec();
+    env.push(("MODELFORGE_LOG", "info"));
+    Proc::spawn(bin, args, &env, log, true)
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
 
-/// Wait for a child to exit by itself; its exit code (-1: a signal).
-async fn wait_child_exit(child: &mut Child, what: &str) -> i32 {
-    wait_until(what, WAIT, || {
-        let r = child
-            .try_wait()
-            .ok()
-            .flatten()
-            .map(|s| s.code().unwrap_or(-1));
-        async move { r }
-    })
-    .await
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: plain kill(2) on our own child's process group.
-    unsafe {
-        libc::kill(-(child.id() as i32), sig);
-    }
+/// Wait for a process to exit by itself; its exit code (-1: a signal).
+async fn wait_exit_of(proc: &mut Proc, what: &str) -> i32 {
+    proc.wait_exit(WAIT)
+        .await
+        .unwrap_or_else(|| panic!("{what} did not happen within {WAIT:?}"))
 }
 
 pub struct Scratch {
@@ -239,7 +193,7 @@ impl Drop for Scratch {
 pub struct Cluster {
     pub ids: Vec<u64>,
     ports: Vec<u16>,
-    procs: Vec<Option<Child>>,
+    procs: Vec<Option<Proc>>,
     extra: Vec<String>,
     pub scratch: Scratch,
 }
@@ -282,20 +236,21 @@ impl Cluster {
     }
 
     pub fn start_member(&mut self, id: u64) {
-        let mut args = vec![
-            "serve".to_string(),
-            "--node-id".into(),
-            id.to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{}", self.ports[(id - 1) as usize]),
-            "--data-dir".into(),
-            self.data_dir(id).display().to_string(),
-        ];
-        for j in &self.ids {
-            args.push("--peer".into());
-            args.push(format!("{j}={}", self.url(*j)));
+        let ports: Vec<u16> = self
+            .ids
+            .iter()
+            .map(|i| self.ports[(*i - 1) as usize])
+            .collect();
+        let data_dir = self.data_dir(id);
+        let args = devkit::MemberSpec {
+            id,
+            port: self.ports[(id - 1) as usize],
+            data_dir: &data_dir,
+            peers: &devkit::peers(&ports),
+            routes: &[],
+            extra: &self.extra,
         }
-        args.extend(self.extra.iter().cloned());
+        .args();
         let log = self.root().join(format!("m{id}.log"));
         self.procs[(id - 1) as usize] = Some(spawn(
             &server_bin(),
@@ -306,26 +261,24 @@ impl Cluster {
     }
 
     pub fn alive(&mut self, id: u64) -> bool {
-        match &mut self.procs[(id - 1) as usize] {
-            Some(c) => c.try_wait().ok().flatten().is_none(),
-            None => false,
-        }
+        self.procs[(id - 1) as usize]
+            .as_mut()
+            .is_some_and(Proc::alive)
     }
 
     /// `kill -9` a member and reap it.
     pub fn kill9(&mut self, id: u64) {
-        if let Some(mut c) = self.procs[(id - 1) as usize].take() {
-            signal(&c, libc::SIGKILL);
-            let _ = c.wait();
+        if let Some(mut p) = self.procs[(id - 1) as usize].take() {
+            p.kill9();
         }
     }
 
     /// Wait for member `id`'s process to exit by itself; its exit code (-1: a signal).
     pub async fn wait_exit(&mut self, id: u64) -> i32 {
-        let child = self.procs[(id - 1) as usize]
+        let proc = self.procs[(id - 1) as usize]
             .as_mut()
             .expect("member started");
-        let code = wait_child_exit(child, &format!("member {id} to exit")).await;
+        let code = wait_exit_of(proc, &format!("member {id} to exit")).await;
         self.procs[(id - 1) as usize] = None;
         code
     }
@@ -343,30 +296,19 @@ impl Cluster {
             .collect()
     }
 
-    pub async fn cluster_view(&self, id: u64) -> Option<Value> {
-        let (s, v) = call(
-            "GET",
-            &format!("{}/api/v1/cluster", self.url(id)),
-            Some(ADMIN),
-            None,
-        )
-        .await;
-        (s == 200).then_some(v)
+    /// Member `id`'s own view of the cluster (`GET /api/v1/cluster`, typed).
+    pub async fn cluster_view(&self, id: u64) -> Option<ClusterView> {
+        devkit::cluster_view(&http(), &self.url(id), ADMIN, Duration::from_secs(15)).await
     }
 
     /// The leader that every live member agrees on.
     pub async fn leader(&mut self) -> Option<u64> {
         let live = self.live_ids();
-        let mut agreed = None;
+        let mut views = vec![];
         for id in &live {
-            let v = self.cluster_view(*id).await?;
-            let l = v["leader_id"].as_u64()?;
-            if !live.contains(&l) || agreed.is_some_and(|a| a != l) {
-                return None;
-            }
-            agreed = Some(l);
+            views.push(self.cluster_view(*id).await);
         }
-        agreed
+        devkit::agreed_leader(&views, &live)
     }
 
     pub async fn wait_leader(&mut self) -> u64 {
@@ -432,6 +374,19 @@ impl Cluster {
         last
     }
 
+    /// An admin request that must be answered `status`: its body.
+    pub async fn admin_expect(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        status: u16,
+    ) -> Value {
+        let (s, v) = self.admin(method, path, body).await;
+        assert_eq!(s, status, "{method} {path}: {v}");
+        v
+    }
+
     /// An admin read, retried while no member can serve it consistently (a failover: the
     /// survivors answer 503 until a leader holds a quorum again). A read changes nothing.
     pub async fn admin_read(&mut self, path: &str) -> (u16, Value) {
@@ -443,6 +398,41 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// One agent named `name`, enrolled with a token of its own: the agent, its node id and
+    /// its credential.
+    pub async fn enrol_one(&mut self, name: &str) -> (Agent, String, String) {
+        let t = self.new_token(600).await;
+        let mut a = Agent::new(self.root(), name, self.urls());
+        a.start(Some(&t));
+        let (nid, cred) = a.wait_enrolled(None).await;
+        (a, nid, cred)
+    }
+
+    /// Revoke the credentials of `node_id` (asserting 200): the answer.
+    pub async fn revoke(&mut self, node_id: &str) -> Value {
+        let path = format!("/api/v1/admin/hardware/nodes/{node_id}/credential");
+        self.admin_expect("DELETE", &path, None, 200).await
+    }
+
+    /// `n` agents named `<prefix><i>`, each enrolled with a token of its own: the agents and
+    /// their (node id, credential).
+    pub async fn enrol_agents(
+        &mut self,
+        prefix: &str,
+        n: usize,
+    ) -> (Vec<Agent>, Vec<(String, String)>) {
+        let mut agents = vec![];
+        let mut nodes = vec![];
+        for i in 0..n {
+            let t = self.new_token(600).await;
+            let mut a = Agent::new(self.root(), &format!("{prefix}{i}"), self.urls());
+            a.start(Some(&t));
+            nodes.push(a.wait_enrolled(None).await);
+            agents.push(a);
+        }
+        (agents, nodes)
     }
 
     /// A new enrolment token, retried across a failover.
@@ -521,19 +511,8 @@ impl Cluster {
 
     /// The state digest and applied index of one member (read locally, not forwarded).
     pub async fn digest(&self, id: u64) -> Option<(String, u64)> {
-        let (s, v) = call(
-            "GET",
-            &format!("{}/api/v1/cluster/state-digest", self.url(id)),
-            Some(ADMIN),
-            None,
-        )
-        .await;
-        (s == 200).then(|| {
-            (
-                v["digest"].as_str().unwrap_or("").to_string(),
-                v["applied_index"].as_u64().unwrap_or(0),
-            )
-        })
+        let d = devkit::state_digest(&http(), &self.url(id), ADMIN).await?;
+        Some((d.digest, d.applied_index))
     }
 
     /// Wait until every live member has applied the same state.
@@ -552,22 +531,13 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in self.procs.iter_mut().flatten() {
-            signal(c, libc::SIGKILL);
-            let _ = c.wait();
-        }
-    }
-}
-
 pub struct Agent {
     pub state_dir: PathBuf,
     pub hostname: String,
     urls: Vec<String>,
     gpus: String,
     log: PathBuf,
-    child: Option<Child>,
+    child: Option<Proc>,
 }
 
 impl Agent {
@@ -612,9 +582,8 @@ impl Agent {
     }
 
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(&c, libc::SIGTERM);
-            let _ = c.wait();
+        if let Some(mut p) = self.child.take() {
+            p.terminate();
         }
     }
 
@@ -645,29 +614,18 @@ impl Agent {
 
     /// Wait for the agent to exit; return its status code and its last log line.
     pub async fn wait_exit(&mut self) -> (i32, String) {
-        let child = self.child.as_mut().expect("agent started");
-        let code = wait_child_exit(child, "the agent to exit").await;
+        let proc = self.child.as_mut().expect("agent started");
+        let code = wait_exit_of(proc, "the agent to exit").await;
         self.child = None;
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         (code, log.lines().last().unwrap_or("").to_string())
     }
 
     pub fn running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.child.as_mut().is_some_and(Proc::alive)
     }
 
     pub fn wipe(&self) {
         let _ = std::fs::remove_dir_all(&self.state_dir);
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            signal(c, libc::SIGKILL);
-            let _ = c.wait();
-        }
     }
 }

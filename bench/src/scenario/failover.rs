@@ -1,0 +1,119 @@
+//! Failover on cluster B: agents heartbeat at their interval, the leader is killed with -9, and
+//! the time to the next acknowledged write and to every agent answered 200 again is measured.
+
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::Bench;
+use super::population::Population;
+use crate::cluster::ADMIN;
+use crate::cluster::Cluster;
+use crate::load;
+use crate::report::ms;
+
+/// Returns the index of the member it killed (restarted by the memory scenario).
+pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
+    let (p, http) = (bench.p, bench.http.clone());
+    let r = &mut bench.r;
+    let (urls, agents, canary) = (&pop.urls, &pop.agents, &pop.canary);
+    let b = &mut pop.cluster;
+    // Failover: agents heartbeat at their interval; kill -9 the leader; time to the next
+    // acknowledged write, and to every agent having had a 200 again.
+    let fo: Arc<Vec<load::SimAgent>> =
+        Arc::new(agents.iter().take(p.failover_agents).cloned().collect());
+    let n_fo = fo.len();
+    let iv = p.failover_interval;
+    let verifies_before = argon2_verifies(b, &http).await;
+    let start = Instant::now();
+    let deadline = start + iv * 6;
+    let (h, us) = (http.clone(), urls.clone());
+    let run = tokio::spawn(async move { load::run_agents(&h, &us, fo, iv, deadline, 4096).await });
+    tokio::time::sleep(iv * 2).await; // steady state before the fault
+    let old = b.wait_leader(Duration::from_secs(10)).await;
+    let killed_at = Instant::now();
+    b.kill(old);
+    let survivors: Vec<String> = (0..3).filter(|i| *i != old).map(|i| b.url(i)).collect();
+    let mut k = 0;
+    let write_ms = loop {
+        let u = &survivors[k % survivors.len()];
+        k += 1;
+        let ok = http
+            .delete(format!(
+                "{u}/api/v1/admin/hardware/nodes/{}/credential",
+                canary.node_id
+            ))
+            .bearer_auth(ADMIN)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ok {
+            break ms(killed_at.elapsed());
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "no write acknowledged within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let traces = run.await.expect("agents");
+    let verifies_after = argon2_verifies(b, &http).await;
+    let mut back = vec![];
+    let mut never = 0;
+    let mut refused_after = 0;
+    for trace in &traces {
+        let after: Vec<_> = trace.iter().filter(|(s, _, _)| *s >= killed_at).collect();
+        refused_after += after.iter().filter(|(_, _, st)| *st != Some(200)).count();
+        match after.iter().find(|(_, _, st)| *st == Some(200)) {
+            Some((_, done, _)) => back.push(*done - killed_at),
+            None => never += 1,
+        }
+    }
+    back.sort();
+    let all_back = back.last().copied().unwrap_or_default();
+    let new_verifies = verifies_after.saturating_sub(verifies_before);
+    r.row(
+        "Failover: kill -9 leader -> next acknowledged write",
+        format!("{write_ms:.0} ms"),
+        "-".into(),
+        "< 1 s",
+        Some(write_ms < 1000.0),
+    );
+    r.row(
+        &format!("Failover: every one of {n_fo} agents (interval {iv:?}) gets 200 again"),
+        format!(
+            "{:.0} ms ({never} never did; {refused_after} heartbeats unanswered or refused)",
+            ms(all_back)
+        ),
+        format!(
+            "{new_verifies} argon2 verifies on the survivors (~{:.0} ms of one core at the default parameters)",
+            new_verifies as f64 * one * 1000.0
+        ),
+        "< 2 heartbeat intervals",
+        Some(never == 0 && all_back < iv * 2),
+    );
+    r.put(
+        "failover",
+        json!({"write_ms": write_ms, "agents": n_fo, "interval_ms": ms(iv), "all_back_ms": ms(all_back),
+               "p50_back_ms": ms(back.get(back.len() / 2).copied().unwrap_or_default()),
+               "never_back": never, "unanswered_or_refused": refused_after,
+               "argon2_verifies_on_survivors": new_verifies}),
+    );
+    old
+}
+
+/// Sum of argon2 verifies the running members have done.
+async fn argon2_verifies(c: &Cluster, http: &reqwest::Client) -> u64 {
+    let mut n = 0;
+    for i in 0..3 {
+        if c.pid(i).is_some()
+            && let Some(v) = c.cluster_view(http, i).await
+        {
+            n += v.secret_checks.argon2_verifies;
+        }
+    }
+    n
+}

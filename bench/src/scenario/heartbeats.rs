@@ -1,0 +1,60 @@
+//! Closed-loop heartbeats on cluster A, all to the leader and spread over the members, against
+//! the bare-axum reference.
+
+use super::Bench;
+use super::enrolment::ClusterA;
+use crate::load;
+use crate::load::Stats;
+use crate::load::drive;
+
+pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
+    let (p, http) = (b.p, b.http.clone());
+    let r = &mut b.r;
+    let (agents_a, urls, leader_url) = (&a.agents, &a.urls, &a.leader_url);
+    for (name, key, spread) in [
+        (
+            "Heartbeats, all to the leader",
+            "heartbeats_all_to_the_leader",
+            false,
+        ),
+        (
+            "Heartbeats, spread over 3 members",
+            "heartbeats_spread_over_3_members",
+            true,
+        ),
+    ] {
+        let (h, ag, us, lu) = (
+            http.clone(),
+            agents_a.clone(),
+            urls.clone(),
+            leader_url.clone(),
+        );
+        let s = drive(p.hb_loops, p.dur, move |_, n| {
+            let (h, ag) = (h.clone(), ag.clone());
+            let u = if spread {
+                us[n % 3].clone()
+            } else {
+                lu.clone()
+            };
+            async move { load::heartbeat(&h, &u, &ag[n % ag.len()]).await == Some(200) }
+        })
+        .await;
+        r.row(
+            name,
+            format!(
+                "{:.0}/s p50 {:.2} ms p99 {:.2} ms",
+                s.rate(),
+                s.pct(0.5),
+                s.pct(0.99)
+            ),
+            format!(
+                "bare axum {:.0}/s ({:.2})",
+                bare_s.rate(),
+                s.rate() / bare_s.rate()
+            ),
+            ">= 0.5 of bare axum",
+            Some(s.rate() / bare_s.rate() >= 0.5),
+        );
+        r.put(key, s.json());
+    }
+}

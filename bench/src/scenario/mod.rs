@@ -1,0 +1,27 @@
+//! One module a scenario, run in this order by `main`: the references, cluster A (enrolment,
+//! heartbeats, writes), then cluster B (the population, open-loop heartbeats, failover,
+//! memory). Each takes the run's [`Bench`] and what an earlier scenario built.
+
+use std::path::PathBuf;
+
+use crate::Profile;
+use crate::report::Report;
+
+pub mod enrolment;
+pub mod failover;
+pub mod heartbeats;
+pub mod memory;
+pub mod open_loop;
+pub mod population;
+pub mod reference;
+pub mod writes;
+
+/// What every scenario shares: the profile, one HTTP client, the scratch dir, the server
+/// binary and the report.
+pub struct Bench {
+    pub p: &'static Profile,
+    pub http: reqwest::Client,
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub r: Report,
+}

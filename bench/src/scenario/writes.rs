@@ -1,0 +1,122 @@
+//! Replicated writes that hash no secret (revocations and inventory changes alternate) on
+//! cluster A, against a 3-member etcd 3.4 at the same client counts when one is installed.
+
+use serde_json::json;
+
+use super::Bench;
+use super::enrolment::ClusterA;
+use crate::cluster::ADMIN;
+use crate::cluster::Etcd;
+use crate::load;
+use crate::load::Stats;
+use crate::load::drive;
+
+pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
+    let (p, http, dir) = (b.p, b.http.clone(), b.dir.clone());
+    let r = &mut b.r;
+    let (agents_a, leader_url) = (&a.agents, &a.leader_url);
+    // Replicated writes that hash no secret: revocations and inventory changes alternate.
+    let half = agents_a.len() / 2;
+    let mut ours = vec![];
+    for c in p.write_clients {
+        let (h, ag, lu) = (http.clone(), agents_a.clone(), leader_url.clone());
+        let s = drive(c, p.dur, move |_, n| {
+            let (h, ag, lu) = (h.clone(), ag.clone(), lu.clone());
+            async move {
+                if n % 2 == 0 {
+                    let a = &ag[(n / 2) % half];
+                    h.delete(format!(
+                        "{lu}/api/v1/admin/hardware/nodes/{}/credential",
+                        a.node_id
+                    ))
+                    .bearer_auth(ADMIN)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+                } else {
+                    let a = &ag[half + (n / 2) % (ag.len() - half)];
+                    let mut inv = load::inventory(a.index);
+                    inv["storage_roots"][1]["free_bytes"] = json!(n as u64 * 4096);
+                    h.put(format!("{lu}/api/v1/agent/nodes/{}/inventory", a.node_id))
+                        .bearer_auth(&a.credential)
+                        .json(&inv)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status() == 200)
+                }
+            }
+        })
+        .await;
+        println!(
+            "  writes, {c} clients: {:.0}/s p99 {:.2} ms ({} failed)",
+            s.rate(),
+            s.pct(0.99),
+            s.failed
+        );
+        r.put(&format!("writes_{c}_clients"), s.json());
+        ours.push(s);
+    }
+    let etcd = if with_etcd {
+        Etcd::start(&dir).await
+    } else {
+        None
+    };
+    let mut theirs: Vec<Option<Stats>> = vec![];
+    for c in p.write_clients {
+        let Some(e) = &etcd else {
+            theirs.push(None);
+            continue;
+        };
+        let (h, us) = (http.clone(), e.urls.clone());
+        let s = drive(c, p.dur, move |l, n| {
+            let (h, u) = (h.clone(), us[l % us.len()].clone());
+            async move {
+                let body =
+                    json!({"key": crate::cluster::b64(format!("k{n}").as_bytes()), "value": "dmFsdWU="});
+                h.post(format!("{u}/v3/kv/put"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await;
+        r.put(&format!("etcd_{c}_clients"), s.json());
+        theirs.push(Some(s));
+    }
+    drop(etcd);
+    for (i, c) in p.write_clients.iter().enumerate() {
+        let s = &ours[i];
+        let (reference, met) = match &theirs[i] {
+            Some(e) => (
+                format!(
+                    "etcd {:.0}/s p99 {:.2} ms ({:.2}x)",
+                    e.rate(),
+                    e.pct(0.99),
+                    s.rate() / e.rate().max(1e-9)
+                ),
+                (*c == 128).then(|| s.rate() >= 2.0 * e.rate() && s.pct(0.99) <= e.pct(0.99)),
+            ),
+            None => (
+                "etcd not installed (apt-get install etcd-server)".into(),
+                None,
+            ),
+        };
+        r.row(
+            &format!("Replicated writes, {c} clients"),
+            format!(
+                "{:.0}/s p50 {:.2} ms p99 {:.2} ms",
+                s.rate(),
+                s.pct(0.5),
+                s.pct(0.99)
+            ),
+            reference,
+            if *c == 128 {
+                ">= 2x etcd, p99 <= etcd's"
+            } else {
+                "-"
+            },
+            met,
+        );
+    }
+}

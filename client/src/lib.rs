@@ -1,0 +1,229 @@
+//! The one failover client: the agent and the admin CLI talk to "the cluster" through any of
+//! its members' URLs. A request goes to the current member; when that member does not answer,
+//! or answers that it cannot decide now (429, 502, 503, 504), the next member is tried, each at
+//! most once a pass. Any other answer is final: 2xx is the result, anything else a refusal with
+//! the contract's error code. A write that may be sent twice must carry an `Idempotency-Key`
+//! (the caller's choice: the CLI sends one per invocation; the agent's writes are idempotent or
+//! retried by the agent itself with the same claim).
+
+use std::time::Duration;
+
+use modelforge_proto::wire::ErrorBody;
+use serde_json::Value;
+
+/// What the cluster answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// 2xx, with the JSON body (null when it had none).
+    Ok(Value),
+    /// A refusal: status, error code, message.
+    Refused(u16, String, String),
+    /// No member could answer (why, from the last one tried).
+    Unavailable(String),
+}
+
+/// One request, as sent to whichever member takes it.
+pub struct Request<'a> {
+    pub method: reqwest::Method,
+    pub path: &'a str,
+    pub bearer: Option<&'a str>,
+    /// A JSON body, already encoded (sent as is on every attempt).
+    pub body: Option<Vec<u8>>,
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// An answer's status and body: the result, a refusal, or why to try the next member.
+pub fn classify(status: u16, body: Value, url: &str) -> Answer {
+    if (200..300).contains(&status) {
+        return Answer::Ok(body);
+    }
+    let (code, message) = match serde_json::from_value::<ErrorBody>(body) {
+        Ok(e) => (e.error.code, e.error.message),
+        Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
+    };
+    if matches!(status, 429 | 502 | 503 | 504) {
+        Answer::Unavailable(format!("{url}: {status} {code}: {message}"))
+    } else {
+        Answer::Refused(status, code, message)
+    }
+}
+
+pub struct Failover {
+    urls: Vec<String>,
+    current: usize,
+    http: reqwest::Client,
+}
+
+impl Failover {
+    /// A client for `urls` (trimmed, trailing slashes dropped; at least one).
+    pub fn new(
+        urls: Vec<String>,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            return Err("at least one control-plane URL is needed".into());
+        }
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(connect_timeout)
+            .timeout(timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            urls,
+            current: 0,
+            http,
+        })
+    }
+
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// The member the next request goes to first.
+    pub fn current(&self) -> &str {
+        &self.urls[self.current]
+    }
+
+    /// Move on to the next member.
+    pub fn advance(&mut self) {
+        self.current = (self.current + 1) % self.urls.len();
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// One pass: the current member, then each other one at most once, until one answers
+    /// something final.
+    pub async fn send(&mut self, req: &Request<'_>) -> Answer {
+        let mut last = Answer::Unavailable("no member was tried".into());
+        for _ in 0..self.urls.len() {
+            let url = format!("{}{}", self.current(), req.path);
+            let mut out = self.http.request(req.method.clone(), &url);
+            if let Some(b) = req.bearer {
+                out = out.bearer_auth(b);
+            }
+            if let Some(k) = req.idempotency_key {
+                out = out.header("Idempotency-Key", k);
+            }
+            if let Some(body) = &req.body {
+                out = out
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+            }
+            last = match out.send().await {
+                Err(e) => Answer::Unavailable(format!("{url}: {}", e.without_url())),
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let body = resp.json().await.unwrap_or(Value::Null);
+                    match classify(status, body, &url) {
+                        Answer::Unavailable(why) => Answer::Unavailable(why),
+                        done => return done,
+                    }
+                }
+            };
+            self.advance();
+        }
+        last
+    }
+
+    /// Passes of [`Failover::send`], 250 ms apart, until one answers or `within` has passed.
+    pub async fn send_within(&mut self, req: &Request<'_>, within: Duration) -> Answer {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match self.send(req).await {
+                Answer::Unavailable(why) if tokio::time::Instant::now() < deadline => {
+                    let _ = why;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member that answers every request with `status` and the contract's error body.
+    async fn member(status: u16, code: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = axum::Router::new().fallback(move || async move {
+            let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+            (
+                axum::http::StatusCode::from_u16(status).unwrap(),
+                [("content-type", "application/json")],
+                body,
+            )
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    async fn nobody() -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    }
+
+    fn get(path: &str) -> Request<'_> {
+        Request {
+            method: reqwest::Method::GET,
+            path,
+            bearer: None,
+            body: None,
+            idempotency_key: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_member_that_cannot_decide_or_answer_passes_the_request_on_and_a_refusal_is_final() {
+        let urls = vec![
+            nobody().await,
+            member(503, "no_leader").await,
+            member(429, "overloaded").await,
+            member(404, "node_not_found").await,
+            member(200, "unused").await,
+        ];
+        let mut c =
+            Failover::new(urls, Duration::from_millis(500), Duration::from_secs(5)).unwrap();
+        match c.send(&get("/x")).await {
+            Answer::Refused(404, code, _) => assert_eq!(code, "node_not_found"),
+            other => panic!("{other:?}"),
+        }
+        // The member that answered is asked first next time.
+        assert_eq!(c.current(), c.urls()[3]);
+    }
+
+    #[tokio::test]
+    async fn no_member_answering_is_unavailable_after_one_pass_and_within_a_deadline() {
+        let urls = vec![nobody().await, member(503, "no_leader").await];
+        let mut c =
+            Failover::new(urls, Duration::from_millis(500), Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(c.send(&get("/x")).await, Answer::Unavailable(why) if why.contains("503 no_leader"))
+        );
+        let t = std::time::Instant::now();
+        assert!(matches!(
+            c.send_within(&get("/x"), Duration::from_millis(600)).await,
+            Answer::Unavailable(_)
+        ));
+        assert!(t.elapsed() >= Duration::from_millis(600));
+        assert!(
+            Failover::new(
+                vec![" / ".into()],
+                Duration::from_secs(1),
+                Duration::from_secs(1)
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The peer endpoints (`/internal/v1/...`), authenticated by the cluster's peer credential,
+//! and the paths their clients (this crate's write path, bootstrap and cache sharing) use.
+
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use modelforge_proto::api::ErrorCode;
+use modelforge_proto::now_ms;
+use modelforge_raft::WriteError;
+use modelforge_raft::codec;
+use modelforge_raft::network::PEER_HEADER;
+use serde_json::json;
+
+use super::*;
+use crate::error::ApiError;
+use crate::secrets;
+use crate::state::Envelope;
+
+/// Raft RPCs: `{RAFT}{kind}` (the raft crate's client side uses the same prefix).
+pub const RAFT: &str = modelforge_raft::network::RPC_PREFIX;
+/// A follower's write handed to the leader: an encoded envelope.
+pub const PROPOSE: &str = "/internal/v1/propose";
+/// Whether a member belongs to a cluster yet (bootstrap asks before forming one).
+pub const STATUS: &str = "/internal/v1/status";
+/// The leader's read index, for a follower's linearizable read.
+pub const READ_INDEX: &str = "/internal/v1/read-index";
+/// Verified-credential cache entries shared by the leader.
+pub const VERIFIED: &str = "/internal/v1/verified";
+
+pub(super) fn require_peer(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
+    let given = headers
+        .get(PEER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if given.is_empty() || !secrets::same_secret(given, &ctx.peer_token) {
+        return Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
+            "peer endpoints need the cluster secret",
+        ));
+    }
+    Ok(())
+}
+
+pub(super) async fn peer_rpc(
+    State(ctx): State<Shared>,
+    Path(kind): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    match ctx.consensus.handle_peer_rpc(&kind, &body).await {
+        Ok(bytes) => Ok(([("content-type", "application/octet-stream")], bytes).into_response()),
+        Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => {
+            Err(ApiError::new(ErrorCode::NotFound, "no such peer rpc"))
+        }
+        Err(modelforge_raft::network::PeerRpcError::BadBody(e)) => {
+            Err(ApiError::new(ErrorCode::BadPeerBody, e.to_string()))
+        }
+        Err(e) => Err(ApiError::new(ErrorCode::RaftUnavailable, e.to_string())),
+    }
+}
+
+pub(super) async fn peer_status(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    let initialized = ctx.consensus.is_initialized().await;
+    Ok(axum::Json(json!({"initialized": initialized, "id": ctx.cfg.node_id})).into_response())
+}
+
+/// The leader's read index for a follower: confirmed with a quorum, then the index the
+/// follower must have applied before its local read is linearizable.
+pub(super) async fn peer_read_index(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    ctx.consensus
+        .read_index()
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::NotLeader, e.to_string()))?;
+    let applied = ctx.consensus.status().applied_index;
+    Ok(axum::Json(json!({"index": applied})).into_response())
+}
+
+/// A member whose write found another leader hands the encoded envelope over here.
+pub(super) async fn peer_propose(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    let mut env: Envelope =
+        codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
+    // Re-stamped by the member that will propose it: expiry is decided by leader time.
+    env.now_ms = env.now_ms.max(now_ms());
+    let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;
+    match ctx.consensus.write(bytes).await {
+        Ok(answer) => Ok(([("content-type", "application/octet-stream")], answer).into_response()),
+        Err(WriteError::NotLeader { .. }) => Err(ApiError::new(
+            ErrorCode::NotLeader,
+            "this member is not the leader",
+        )),
+        Err(WriteError::OutcomeUnknown(m)) => Err(ApiError::outcome_unknown(m)),
+        Err(WriteError::Fatal(m)) => Err(ApiError::new(ErrorCode::RaftUnavailable, m)),
+    }
+}
+
+/// Entries of the leader's verified cache, learned by a follower so that it does not need 10,000
+/// argon2 verifies when it becomes leader after a failover.
+pub(super) async fn peer_verified(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    require_peer(&ctx, &headers)?;
+    let entries: Vec<(String, [u8; 32])> =
+        codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
+    let n = ctx.app.learn_verified(entries);
+    ctx.checks
+        .shared_in
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(axum::Json(json!({"learned": n})).into_response())
+}
+
+/// Share newly verified cache entries with the other members, best effort, batched.
+///
+/// What travels is (credential id, SHA-256 of the credential), between authenticated members,
+/// into memory only: never the plaintext, never the Raft log or a snapshot. SHA-256 of a
+/// 256-bit random secret cannot be inverted any more than its argon2 hash can; the cache never
+/// decides alone (revocation and ownership are read from the state), and every member's apply
+/// clears a revoked credential's entry.
+pub(super) async fn share_verified(ctx: Shared) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let batch = std::mem::take(&mut *ctx.to_share.lock().unwrap_or_else(|p| p.into_inner()));
+        if batch.is_empty() || !ctx.consensus.is_leader() {
+            continue;
+        }
+        let Ok(body) = codec::encode(&batch) else {
+            continue;
+        };
+        for m in ctx.consensus.status().members {
+            if m.id == ctx.cfg.node_id {
+                continue;
+            }
+            let url = format!(
+                "{}{VERIFIED}",
+                ctx.peer_url(m.id, &m.url).trim_end_matches('/')
+            );
+            let req = ctx
+                .http
+                .post(url)
+                .header(PEER_HEADER, &ctx.peer_token)
+                .timeout(Duration::from_secs(2))
+                .body(body.clone());
+            if let Err(e) = req.send().await {
+                tracing::debug!(peer = m.id, error = %e.without_url(), "sharing verified credentials failed");
+            }
+        }
+    }
+}

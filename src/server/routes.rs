@@ -1,0 +1,172 @@
+//! The route table of a member, and the endpoints every member answers itself (health,
+//! readiness, its view of the cluster).
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use modelforge_proto::api;
+use modelforge_proto::api::ErrorCode;
+use serde_json::json;
+
+use super::peer::*;
+use super::*;
+use crate::error::ApiError;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use axum::routing::post;
+
+/// The whole route table of a member.
+pub fn router(ctx: Shared) -> Router {
+    let leader_routes = Router::new()
+        .route("/api/v1/agent/enroll", post(agent::enroll))
+        .route(
+            "/api/v1/agent/nodes/{node_id}/heartbeat",
+            post(agent::heartbeat),
+        )
+        .route(
+            "/api/v1/agent/nodes/{node_id}/inventory",
+            axum::routing::put(agent::inventory),
+        )
+        .route(
+            "/api/v1/admin/node-enrollments",
+            post(admin::create_enrollment).get(admin::list_enrollments),
+        )
+        .route(
+            "/api/v1/admin/node-enrollments/{enrollment_id}",
+            axum::routing::delete(admin::cancel_enrollment),
+        )
+        .route("/api/v1/admin/hardware/nodes", get(admin::list_nodes))
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}",
+            get(admin::show_node),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/credentials",
+            get(admin::list_credentials),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/telemetry",
+            get(admin::telemetry),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/credential",
+            axum::routing::delete(admin::revoke_credential),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/decommission/preview",
+            post(admin::decommission_preview),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/decommission/execute",
+            post(admin::decommission_execute),
+        )
+        .route("/api/v1/admin/audit", get(admin::audit))
+        .route("/api/v1/allocations", post(scheduler::allocate))
+        .route(
+            "/api/v1/allocations/{allocation_id}",
+            axum::routing::delete(scheduler::release),
+        )
+        .route("/api/v1/admin/scheduler", get(scheduler::view))
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/smoke",
+            post(scheduler::start_smoke),
+        )
+        .route(
+            "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}",
+            get(scheduler::show_smoke),
+        )
+        .route(
+            "/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}",
+            post(agent::smoke_report),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            forward::leader_gate,
+        ))
+        .layer(DefaultBodyLimit::max(ctx.cfg.max_body_bytes));
+    let peer_routes = Router::new()
+        .route(&format!("{RAFT}{{kind}}"), post(peer_rpc))
+        .route(PROPOSE, post(peer_propose))
+        .route(STATUS, get(peer_status))
+        .route(READ_INDEX, get(peer_read_index))
+        .route(VERIFIED, post(peer_verified))
+        .layer(DefaultBodyLimit::max(1 << 30));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/cluster", get(cluster))
+        .route("/api/v1/cluster/state-digest", get(admin::state_digest))
+        .route("/api/v1/admin/backup", get(backup::backup))
+        .merge(leader_routes)
+        .merge(peer_routes)
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "this endpoint does not take that method",
+            )
+        })
+        .with_state(ctx)
+}
+
+pub(super) async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+pub(super) async fn readyz(State(ctx): State<Shared>) -> Response {
+    let s = ctx.consensus.status();
+    let ready = s.leader_id.is_some() && s.applied_index >= s.commit_index;
+    let body = json!({"ready": ready, "leader_id": s.leader_id, "commit_index": s.commit_index, "applied_index": s.applied_index});
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+pub(super) async fn cluster(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    extract::require_admin(&ctx, &headers)?;
+    let s = ctx.consensus.status();
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    let (minted_ahead, minted_inline) = ctx.mint.counts();
+    Ok(axum::Json(api::ClusterView {
+        id: s.id,
+        leader_id: s.leader_id,
+        leader_url: s.leader_url,
+        term: s.term,
+        state: s.state,
+        commit_index: s.commit_index,
+        applied_index: s.applied_index,
+        last_log_index: s.last_log_index,
+        snapshot_index: s.snapshot_index,
+        members: s
+            .members
+            .into_iter()
+            .map(|m| api::ClusterMember {
+                id: m.id,
+                url: m.url,
+                voter: m.voter,
+            })
+            .collect(),
+        cluster_id: ctx.cluster_id.clone(),
+        secret_checks: api::SecretChecksView {
+            argon2_verifies: ctx.hasher.verify_count(),
+            cache_hits: ctx.checks.cache_hits.load(relaxed),
+            cache_entries: ctx.app.verified_entries(),
+            entries_learned_from_leader: ctx.checks.shared_in.load(relaxed),
+        },
+        credential_pool: api::CredentialPoolView {
+            ready: ctx.mint.ready(),
+            minted_ahead,
+            minted_inline,
+        },
+    })
+    .into_response())
+}

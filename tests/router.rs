@@ -1,0 +1,337 @@
+//! The middle of the test pyramid: a member served in this process (`server::serve_on` on a
+//! loopback listener, no child process), its handlers' refusal paths over real HTTP, and its
+//! shutdown, which must be observable: `serve_on` returns once every background loop ended,
+//! and the data dir opens again in the same process (the Raft store released).
+
+use std::time::Duration;
+
+use modelforge::server::ServeConfig;
+use modelforge::server::Shutdown;
+use modelforge::server::Stopped;
+use modelforge::server::serve_on;
+use modelforge_proto::api::ErrorCode;
+use serde_json::Value;
+use serde_json::json;
+
+const ADMIN: &str = "router-test-admin-token-0123456789";
+
+struct Member {
+    url: String,
+    stop: Shutdown,
+    task: tokio::task::JoinHandle<anyhow::Result<Stopped>>,
+}
+
+/// Serve a single member on `dir`, once it is ready.
+async fn member(dir: &std::path::Path) -> Member {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = ServeConfig::for_test(dir, addr, ADMIN).unwrap();
+    let stop = Shutdown::new();
+    let task = tokio::spawn(serve_on(listener, cfg, stop.clone()));
+    let m = Member {
+        url: format!("http://{addr}"),
+        stop,
+        task,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while call(&m.url, "GET", "/readyz", None, None).await.0 != 200 {
+        if m.task.is_finished() {
+            panic!("the member stopped while starting: {:?}", m.task.await);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not ready in 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    m
+}
+
+/// (status, JSON body) of one request; `bearer` None sends no Authorization.
+async fn call(
+    base: &str,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut r = http.request(
+        reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+        format!("{base}{path}"),
+    );
+    if let Some(b) = bearer {
+        r = r.bearer_auth(b);
+    }
+    if let Some(b) = body {
+        r = r
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    match r.send().await {
+        Ok(resp) => (
+            resp.status().as_u16(),
+            resp.json().await.unwrap_or(Value::Null),
+        ),
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// The request is refused with `code`, its status from the one table, and the contract's body.
+async fn refused(
+    m: &Member,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&str>,
+    code: ErrorCode,
+) {
+    let (s, v) = call(&m.url, method, path, bearer, body).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (code.status(), Some(code.as_str())),
+        "{method} {path}: {v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handlers_refuse_bad_requests_with_the_tables_codes_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = member(dir.path()).await;
+    let digest = |v: Value| v["digest"].as_str().unwrap_or_default().to_string();
+    let before = digest(
+        call(
+            &m.url,
+            "GET",
+            "/api/v1/cluster/state-digest",
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .1,
+    );
+    assert!(!before.is_empty());
+
+    use ErrorCode as E;
+    let tokens = "/api/v1/admin/node-enrollments";
+    refused(&m, "GET", tokens, None, None, E::Unauthenticated).await;
+    refused(
+        &m,
+        "GET",
+        tokens,
+        Some("not-the-admin-token"),
+        None,
+        E::Unauthenticated,
+    )
+    .await;
+    refused(
+        &m,
+        "GET",
+        "/api/v1/nothing-here",
+        Some(ADMIN),
+        None,
+        E::NotFound,
+    )
+    .await;
+    refused(&m, "PATCH", tokens, Some(ADMIN), None, E::MethodNotAllowed).await;
+    refused(
+        &m,
+        "POST",
+        tokens,
+        Some(ADMIN),
+        Some("{not json"),
+        E::InvalidJson,
+    )
+    .await;
+    refused(
+        &m,
+        "POST",
+        tokens,
+        Some(ADMIN),
+        Some(r#"{"ttl_seconds": "soon"}"#),
+        E::InvalidBody,
+    )
+    .await;
+    refused(
+        &m,
+        "POST",
+        tokens,
+        Some(ADMIN),
+        Some(r#"{"ttl_seconds": 0}"#),
+        E::InvalidTtl,
+    )
+    .await;
+    let huge = format!(r#"{{"note": "{}"}}"#, "x".repeat(300 * 1024));
+    refused(
+        &m,
+        "POST",
+        tokens,
+        Some(ADMIN),
+        Some(&huge),
+        E::BodyTooLarge,
+    )
+    .await;
+    refused(
+        &m,
+        "DELETE",
+        &format!("{tokens}/no-such-token"),
+        Some(ADMIN),
+        None,
+        E::EnrollmentNotFound,
+    )
+    .await;
+    refused(
+        &m,
+        "DELETE",
+        &format!("{tokens}/bad.id"),
+        Some(ADMIN),
+        None,
+        E::InvalidId,
+    )
+    .await;
+    let nodes = "/api/v1/admin/hardware/nodes";
+    refused(
+        &m,
+        "GET",
+        &format!("{nodes}/no-such-node"),
+        Some(ADMIN),
+        None,
+        E::NodeNotFound,
+    )
+    .await;
+    refused(
+        &m,
+        "GET",
+        &format!("{nodes}/no-such-node/credentials"),
+        Some(ADMIN),
+        None,
+        E::NodeNotFound,
+    )
+    .await;
+    refused(
+        &m,
+        "DELETE",
+        &format!("{nodes}/no-such-node/credential"),
+        Some(ADMIN),
+        Some(r#"{"reason": "x"}"#),
+        E::NodeNotFound,
+    )
+    .await;
+    let execute = format!("{nodes}/no-such-node/decommission/execute");
+    refused(
+        &m,
+        "POST",
+        &execute,
+        Some(ADMIN),
+        Some(r#"{"preview_id": "p1", "reason": "x"}"#),
+        E::NodeNotFound,
+    )
+    .await;
+    refused(
+        &m,
+        "POST",
+        "/api/v1/allocations",
+        Some(ADMIN),
+        Some(r#"{"owner": "o", "accelerators": 1}"#),
+        E::NoCapacity,
+    )
+    .await;
+    let enroll = json!({"token": "mfet_garbage", "hostname": "h", "inventory": {"accelerators": [], "storage_roots": []},
+        "identity": {"public_key": "00", "signed_at_ms": 0, "signature": "00"}});
+    refused(
+        &m,
+        "POST",
+        "/api/v1/agent/enroll",
+        None,
+        Some(&enroll.to_string()),
+        E::InvalidToken,
+    )
+    .await;
+    let heartbeat = "/api/v1/agent/nodes/no-such-node/heartbeat";
+    refused(&m, "POST", heartbeat, None, Some("{}"), E::Unauthenticated).await;
+    refused(
+        &m,
+        "POST",
+        heartbeat,
+        Some("mfnc_garbage"),
+        Some("{}"),
+        E::InvalidCredential,
+    )
+    .await;
+
+    // None of it changed the replicated state.
+    let after = digest(
+        call(
+            &m.url,
+            "GET",
+            "/api/v1/cluster/state-digest",
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .1,
+    );
+    assert_eq!(after, before, "a refused request changed the state");
+    m.stop.trigger();
+    m.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = member(dir.path()).await;
+    let (s, v) = call(
+        &m.url,
+        "POST",
+        "/api/v1/admin/node-enrollments",
+        Some(ADMIN),
+        Some(r#"{"note": "kept"}"#),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["enrollment_id"].as_str().unwrap().to_string();
+
+    let url = m.url.clone();
+    m.stop.trigger();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), m.task)
+        .await
+        .expect("serve_on returned within 20 s of the switch")
+        .unwrap()
+        .unwrap();
+    // bootstrap, leadership watch, coalesced uses, node events, cache sharing, two minting
+    // workers, memory return: all of them ended.
+    assert_eq!(
+        stopped,
+        Stopped {
+            background_tasks: 8
+        }
+    );
+    assert_eq!(
+        call(&url, "GET", "/healthz", None, None).await.0,
+        0,
+        "still listening"
+    );
+
+    // The same data dir serves again in this process: the Raft store was released, and the
+    // token written before the shutdown is there.
+    let again = member(dir.path()).await;
+    let (s, v) = call(
+        &again.url,
+        "GET",
+        "/api/v1/admin/node-enrollments",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let listed = v["enrollments"].as_array().unwrap();
+    assert!(
+        listed.iter().any(|e| e["enrollment_id"] == id.as_str()),
+        "{v}"
+    );
+    again.stop.trigger();
+    again.task.await.unwrap().unwrap();
+}

@@ -208,6 +208,341 @@ pub struct StateDigest {
     pub applied_index: u64,
 }
 
+// ---- Health and the peer endpoints.
+
+/// `GET /healthz`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Health {
+    pub status: String,
+}
+
+/// `GET /readyz` (200 when ready, 503 otherwise).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Readiness {
+    pub ready: bool,
+    pub leader_id: Option<u64>,
+    pub commit_index: u64,
+    pub applied_index: u64,
+}
+
+/// `GET /internal/v1/status`: whether the member belongs to a cluster yet.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PeerStatus {
+    pub initialized: bool,
+    pub id: u64,
+}
+
+/// `GET /internal/v1/read-index`: the index a follower must have applied before its read.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReadIndex {
+    pub index: u64,
+}
+
+/// `POST /internal/v1/verified`: how many shared cache entries the member kept.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Learned {
+    pub learned: usize,
+}
+
+// ---- Agent answers beyond `wire`.
+
+/// `POST .../smoke/{smoke_id}` (agent report): the verdict.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeVerdict {
+    pub passed: bool,
+}
+
+/// `PUT .../inventory`: whether the replicated inventory changed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct InventoryChanged {
+    pub changed: bool,
+}
+
+// ---- Admin: enrolment tokens and credentials. Times are RFC 3339 strings.
+
+/// `POST /api/v1/admin/node-enrollments` (201): the token, shown this once. No `Debug`: it
+/// holds a secret.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct TokenIssued {
+    pub enrollment_id: String,
+    pub token: String,
+    pub expires_at: String,
+}
+
+/// One enrolment token as listed: never the token or its hash.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Enrollment {
+    pub enrollment_id: String,
+    pub created_at: String,
+    pub expires_at: String,
+    /// `pending`, `claimed`, `expired` or `cancelled`.
+    pub state: String,
+    pub claimed_node_id: Option<String>,
+    pub claimed_at: Option<String>,
+    pub cancelled_at: Option<String>,
+    pub note: Option<String>,
+}
+
+/// `GET /api/v1/admin/node-enrollments`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Enrollments {
+    pub enrollments: Vec<Enrollment>,
+}
+
+/// `DELETE /api/v1/admin/node-enrollments/{id}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct EnrollmentCancelled {
+    pub enrollment_id: String,
+    pub state: String,
+}
+
+/// One credential of a node: never its hash.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CredentialView {
+    pub credential_id: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub revoked_at: Option<String>,
+    pub revoked_reason: Option<String>,
+    pub enrollment_id: Option<String>,
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{id}/credentials`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Credentials {
+    pub node_id: String,
+    pub active: usize,
+    pub revoked: usize,
+    pub credentials: Vec<CredentialView>,
+}
+
+/// `DELETE /api/v1/admin/hardware/nodes/{id}/credential`: the credentials it revoked.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Revoked {
+    pub node_id: String,
+    pub revoked: Vec<String>,
+}
+
+/// One recent telemetry sample of a node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TelemetrySample {
+    pub at: String,
+    pub telemetry: serde_json::Value,
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{id}/telemetry`: oldest first.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TelemetrySamples {
+    pub node_id: String,
+    pub samples: Vec<TelemetrySample>,
+}
+
+/// One audit event, with the hash chain that links it to the one before.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AuditEventView {
+    pub seq: u64,
+    pub at: String,
+    pub at_ms: i64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub result: String,
+    pub request_id: String,
+    pub log_index: u64,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// `GET /api/v1/admin/audit`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AuditPage {
+    pub events: Vec<AuditEventView>,
+    /// Whether the whole chain (not only this page) verifies.
+    pub chain_verified: bool,
+}
+
+// ---- Scheduling and smokes.
+
+/// `POST /api/v1/allocations` (201).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AllocationPlaced {
+    pub allocation_id: String,
+    pub node_id: String,
+    pub accelerator_uuids: Vec<String>,
+}
+
+/// `DELETE /api/v1/allocations/{id}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AllocationReleased {
+    pub released: String,
+}
+
+/// `POST /api/v1/admin/hardware/nodes/{id}/smoke` (202).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeStarted {
+    pub smoke_id: String,
+}
+
+/// One check of a smoke, as the node reported it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeCheckView {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{id}/smoke/{smoke_id}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SmokeView {
+    pub smoke_id: String,
+    pub node_id: String,
+    /// `pending`, `passed` or `failed`.
+    pub state: String,
+    pub checks: Vec<SmokeCheckView>,
+    pub created_at: String,
+    pub finished_at: Option<String>,
+}
+
+// ---- Nodes, decommission and the scheduler view.
+
+/// A node as `GET /api/v1/admin/hardware/nodes` lists it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeSummary {
+    pub node_id: String,
+    pub hostname: String,
+    pub identity_public_key: String,
+    pub enabled: bool,
+    /// `online`, `stale`, `offline`, `never_seen` or `decommissioned`.
+    pub status: String,
+    pub last_heartbeat_at: Option<String>,
+    pub accelerators: Vec<crate::wire::Accelerator>,
+    /// Whether a hardware report since this member rebuilt its view confirmed them.
+    pub accelerators_verified: bool,
+    pub accelerators_verified_at: Option<String>,
+    pub view_rebuilt_at: String,
+    pub storage_roots: Vec<crate::wire::StorageRoot>,
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
+    pub nvml: Option<String>,
+    pub created_at: String,
+    pub enrolled_at: String,
+    pub decommissioned_at: Option<String>,
+    pub active_credentials: usize,
+    /// Other enabled nodes claiming the same hostname.
+    pub hostname_conflicts: Vec<String>,
+}
+
+/// `GET /api/v1/admin/hardware/nodes`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Nodes {
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// One event of a node's bounded history.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HistoryEntry {
+    pub at: String,
+    pub kind: String,
+    pub detail: String,
+    /// How many identical events were folded into this one.
+    pub count: u32,
+}
+
+/// The last agent request refused for a node (status and when).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LastRefusal {
+    pub status: u16,
+    pub at: String,
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{id}`: the summary, history, latest telemetry and the
+/// last refused agent request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub summary: NodeSummary,
+    pub history: Vec<HistoryEntry>,
+    pub telemetry: serde_json::Value,
+    pub telemetry_at: Option<String>,
+    pub last_refusal: Option<LastRefusal>,
+}
+
+/// What a decommission would change, as a preview shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DecommissionEffectsView {
+    pub node_id: String,
+    pub hostname: String,
+    pub disable_node: bool,
+    /// The identity key that can never enrol again.
+    pub ban_identity: String,
+    pub credentials_to_revoke: Vec<String>,
+    pub hostname_conflicts_resolved: Vec<String>,
+    pub claims_to_spend: Vec<String>,
+    pub allocations_to_release: Vec<String>,
+    pub accelerators_leaving_service: Vec<String>,
+}
+
+/// `POST .../decommission/preview`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DecommissionPreviewView {
+    pub preview_id: String,
+    pub node_id: String,
+    pub effects: DecommissionEffectsView,
+    pub fingerprint: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+/// `POST .../decommission/execute`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Decommissioned {
+    pub node_id: String,
+    pub status: String,
+    pub enabled: bool,
+    pub decommissioned_at: String,
+    pub preview_id: String,
+    pub revoked: Vec<String>,
+    pub hostname_conflicts_resolved: Vec<String>,
+    pub claims_spent: Vec<String>,
+    pub allocations_released: Vec<String>,
+}
+
+/// An allocation in the scheduler view.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AllocationView {
+    pub allocation_id: String,
+    pub owner: String,
+    pub accelerator_uuids: Vec<String>,
+    /// `confirmed`, or `unconfirmed` after a restore until the node's report confirms it.
+    pub state: String,
+    pub created_at: String,
+}
+
+/// A node as the scheduler sees it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SchedulerNode {
+    pub node_id: String,
+    pub hostname: String,
+    pub enabled: bool,
+    pub verified: bool,
+    pub online: bool,
+    pub smoke_required: bool,
+    pub offered: bool,
+    pub accelerators: usize,
+    pub free_accelerators: usize,
+    pub free_accelerator_uuids: Vec<String>,
+    pub busy_outside_scheduler: Vec<String>,
+    pub allocations: Vec<AllocationView>,
+}
+
+/// `GET /api/v1/admin/scheduler`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SchedulerView {
+    pub view_rebuilt_at: String,
+    pub require_smoke: bool,
+    pub nodes: Vec<SchedulerNode>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,10 +6,13 @@
 //! - [`identity`]: the agent's Ed25519 identity key and the proof of possession it signs at
 //!   enrolment; the secret key never leaves the node.
 //! - [`wire`]: request and response bodies of the agent API and the contract's shared shapes.
+//! - [`api`]: the one table of error codes (status and message of each), and the typed answers
+//!   of the admin, cluster and peer endpoints that the server returns and its clients read.
 //!
 //! Architecture invariant: types here that the control plane replicates (inventory) carry no
 //! `skip_serializing_if`, `flatten` or `untagged` serde attributes: they are also encoded with
-//! a positional codec in the Raft log.
+//! a positional codec in the Raft log. (`api::NodeDetail` flattens its summary: it is JSON
+//! only, never replicated.)
 
 pub mod api;
 pub mod identity;

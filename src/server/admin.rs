@@ -14,7 +14,6 @@ use modelforge_proto::secret::Secret;
 use modelforge_proto::secret::SecretKind;
 use serde::Deserialize;
 use serde_json::Value;
-use serde_json::json;
 
 use super::Shared;
 use super::extract::AdminNode;
@@ -29,14 +28,10 @@ use crate::state::Node;
 use crate::state::Outcome;
 use crate::state::State as Replicated;
 use crate::supervisor::NodeLive;
+use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
 
 const MAX_NOTE_LEN: usize = 1024;
-
-fn ts(ms: Option<i64>) -> Value {
-    ms.map(|m| Value::String(rfc3339_ms(m)))
-        .unwrap_or(Value::Null)
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,7 +85,11 @@ pub async fn create_enrollment(
             ..
         } if token_id == token.id() => {
             tracing::info!(enrollment_id = token_id, "enrolment token created");
-            let body = json!({"enrollment_id": token_id, "token": token.expose(), "expires_at": rfc3339_ms(expires_at_ms)});
+            let body = api::TokenIssued {
+                enrollment_id: token_id,
+                token: token.expose().to_string(),
+                expires_at: rfc3339_ms(expires_at_ms),
+            };
             Ok((StatusCode::CREATED, axum::Json(body)).into_response())
         }
         // A retry with the same Idempotency-Key: the token was created by the first attempt and
@@ -119,23 +118,21 @@ pub async fn list_enrollments(
     ctx.linearize().await?;
     let now = now_ms();
     let s = ctx.app.read();
-    let rows: Vec<Value> = s
+    let enrollments = s
         .tokens
         .values()
-        .map(|t| {
-            json!({
-                "enrollment_id": t.token_id,
-                "created_at": rfc3339_ms(t.created_at_ms),
-                "expires_at": rfc3339_ms(t.expires_at_ms),
-                "state": t.state_at(now),
-                "claimed_node_id": t.claim.as_ref().map(|c| c.node_id.clone()),
-                "claimed_at": ts(t.claim.as_ref().map(|c| c.claimed_at_ms)),
-                "cancelled_at": ts(t.cancelled_at_ms),
-                "note": t.note,
-            })
+        .map(|t| api::Enrollment {
+            enrollment_id: t.token_id.clone(),
+            created_at: rfc3339_ms(t.created_at_ms),
+            expires_at: rfc3339_ms(t.expires_at_ms),
+            state: t.state_at(now).as_str().to_string(),
+            claimed_node_id: t.claim.as_ref().map(|c| c.node_id.clone()),
+            claimed_at: t.claim.as_ref().map(|c| rfc3339_ms(c.claimed_at_ms)),
+            cancelled_at: t.cancelled_at_ms.map(rfc3339_ms),
+            note: t.note.clone(),
         })
         .collect();
-    Ok(axum::Json(json!({"enrollments": rows})).into_response())
+    Ok(axum::Json(api::Enrollments { enrollments }).into_response())
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{enrollment_id}`: cancel an unclaimed token.
@@ -155,9 +152,10 @@ pub async fn cancel_enrollment(
         .propose("admin", rid, Command::CancelToken { token_id: id })
         .await?
     {
-        Outcome::TokenCancelled { token_id } => Ok(axum::Json(
-            json!({"enrollment_id": token_id, "state": "cancelled"}),
-        )
+        Outcome::TokenCancelled { token_id } => Ok(axum::Json(api::EnrollmentCancelled {
+            enrollment_id: token_id,
+            state: "cancelled".into(),
+        })
         .into_response()),
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
     }
@@ -198,7 +196,7 @@ fn node_summary(
     live: &NodeLive,
     rebuilt_at: i64,
     now: i64,
-) -> Value {
+) -> api::NodeSummary {
     let seen = last_seen(s, node, live);
     let conflicts: Vec<&str> = match s.enabled_by_hostname.get(&node.hostname) {
         Some(ids) if node.enabled => ids
@@ -211,27 +209,27 @@ fn node_summary(
     // Accelerators count as verified only after a fresh hardware report since this member
     // last rebuilt its view (start, leader change, shard restart).
     let verified_at = live.last_report_ms.filter(|r| *r >= rebuilt_at);
-    json!({
-        "node_id": node.node_id,
-        "hostname": node.hostname,
-        "identity_public_key": node.public_key,
-        "enabled": node.enabled,
-        "status": status_of(ctx, s, node, live, now),
-        "last_heartbeat_at": ts(seen),
-        "accelerators": node.inventory.accelerators,
-        "accelerators_verified": verified_at.is_some(),
-        "accelerators_verified_at": ts(verified_at),
-        "view_rebuilt_at": rfc3339_ms(rebuilt_at),
-        "storage_roots": node.inventory.storage_roots,
-        "driver_version": node.inventory.driver_version,
-        "cuda_version": node.inventory.cuda_version,
-        "nvml": node.inventory.nvml,
-        "created_at": rfc3339_ms(node.created_at_ms),
-        "enrolled_at": rfc3339_ms(node.enrolled_at_ms),
-        "decommissioned_at": ts(node.decommissioned_at_ms),
-        "active_credentials": s.active_credentials(&node.node_id).len(),
-        "hostname_conflicts": conflicts,
-    })
+    api::NodeSummary {
+        node_id: node.node_id.clone(),
+        hostname: node.hostname.clone(),
+        identity_public_key: node.public_key.clone(),
+        enabled: node.enabled,
+        status: status_of(ctx, s, node, live, now).to_string(),
+        last_heartbeat_at: seen.map(rfc3339_ms),
+        accelerators: node.inventory.accelerators.clone(),
+        accelerators_verified: verified_at.is_some(),
+        accelerators_verified_at: verified_at.map(rfc3339_ms),
+        view_rebuilt_at: rfc3339_ms(rebuilt_at),
+        storage_roots: node.inventory.storage_roots.clone(),
+        driver_version: node.inventory.driver_version.clone(),
+        cuda_version: node.inventory.cuda_version.clone(),
+        nvml: node.inventory.nvml.clone(),
+        created_at: rfc3339_ms(node.created_at_ms),
+        enrolled_at: rfc3339_ms(node.enrolled_at_ms),
+        decommissioned_at: node.decommissioned_at_ms.map(rfc3339_ms),
+        active_credentials: s.active_credentials(&node.node_id).len(),
+        hostname_conflicts: conflicts.into_iter().map(String::from).collect(),
+    }
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.
@@ -263,7 +261,7 @@ pub async fn list_nodes(
     let live = ctx.live.sup.all().await;
     let fallback = (NodeLive::default(), ctx.live.sup.rebuilt_at());
     let s = ctx.app.read();
-    let nodes: Vec<Value> = s
+    let nodes = s
         .nodes
         .values()
         .filter(|n| q.hostname.as_ref().is_none_or(|h| &n.hostname == h))
@@ -273,7 +271,7 @@ pub async fn list_nodes(
             node_summary(&ctx, &s, n, l, *at, now)
         })
         .collect();
-    Ok(axum::Json(json!({"nodes": nodes})).into_response())
+    Ok(axum::Json(api::Nodes { nodes }).into_response())
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}`: the summary plus history, telemetry and the
@@ -289,24 +287,31 @@ pub async fn show_node(
         .nodes
         .get(&node_id)
         .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
-    let mut v = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
-    let history: Vec<Value> = node
+    let summary = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
+    let history = node
         .history
         .iter()
-        .map(|e| json!({"at": rfc3339_ms(e.at_ms), "kind": e.kind, "detail": e.detail, "count": e.count}))
+        .map(|e| api::HistoryEntry {
+            at: rfc3339_ms(e.at_ms),
+            kind: e.kind.clone(),
+            detail: e.detail.clone(),
+            count: e.count,
+        })
         .collect();
-    v["history"] = Value::Array(history);
-    v["telemetry"] = live
-        .telemetry
-        .back()
-        .and_then(|(_, t)| serde_json::from_str(t).ok())
-        .unwrap_or(Value::Null);
-    v["telemetry_at"] = ts(live.telemetry.back().map(|(at, _)| *at));
-    v["last_refusal"] = live
-        .last_refusal
-        .map(|(status, at)| json!({"status": status, "at": rfc3339_ms(at)}))
-        .unwrap_or(Value::Null);
-    Ok(axum::Json(v).into_response())
+    let latest = live.telemetry.back();
+    Ok(axum::Json(api::NodeDetail {
+        summary,
+        history,
+        telemetry: latest
+            .and_then(|(_, t)| serde_json::from_str(t).ok())
+            .unwrap_or(Value::Null),
+        telemetry_at: latest.map(|(at, _)| rfc3339_ms(*at)),
+        last_refusal: live.last_refusal.map(|(status, at)| api::LastRefusal {
+            status,
+            at: rfc3339_ms(at),
+        }),
+    })
+    .into_response())
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/telemetry`: the recent ring, oldest first.
@@ -315,12 +320,15 @@ pub async fn telemetry(
     AdminNode(node_id): AdminNode,
 ) -> Result<Response, ApiError> {
     let (live, _) = ctx.live.sup.get(&node_id).await;
-    let samples: Vec<Value> = live
+    let samples = live
         .telemetry
         .iter()
-        .map(|(at, t)| json!({"at": rfc3339_ms(*at), "telemetry": serde_json::from_str::<Value>(t).unwrap_or(Value::Null)}))
+        .map(|(at, t)| api::TelemetrySample {
+            at: rfc3339_ms(*at),
+            telemetry: serde_json::from_str::<Value>(t).unwrap_or(Value::Null),
+        })
         .collect();
-    Ok(axum::Json(json!({"node_id": node_id, "samples": samples})).into_response())
+    Ok(axum::Json(api::TelemetrySamples { node_id, samples }).into_response())
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.
@@ -333,23 +341,30 @@ pub async fn list_credentials(
         .nodes
         .get(&node_id)
         .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
-    let creds: Vec<Value> = node
+    let credentials: Vec<api::CredentialView> = node
         .credential_ids
         .iter()
         .filter_map(|c| s.credentials.get(c))
-        .map(|c| {
-            json!({
-                "credential_id": c.credential_id,
-                "created_at": rfc3339_ms(c.created_at_ms),
-                "last_used_at": ts(c.last_used_at_ms),
-                "revoked_at": ts(c.revoked_at_ms),
-                "revoked_reason": c.revoked_reason,
-                "enrollment_id": c.token_id,
-            })
+        .map(|c| api::CredentialView {
+            credential_id: c.credential_id.clone(),
+            created_at: rfc3339_ms(c.created_at_ms),
+            last_used_at: c.last_used_at_ms.map(rfc3339_ms),
+            revoked_at: c.revoked_at_ms.map(rfc3339_ms),
+            revoked_reason: c.revoked_reason.clone(),
+            enrollment_id: c.token_id.clone(),
         })
         .collect();
-    let active = creds.iter().filter(|c| c["revoked_at"].is_null()).count();
-    Ok(axum::Json(json!({"node_id": node_id, "active": active, "revoked": creds.len() - active, "credentials": creds})).into_response())
+    let active = credentials
+        .iter()
+        .filter(|c| c.revoked_at.is_none())
+        .count();
+    Ok(axum::Json(api::Credentials {
+        node_id,
+        active,
+        revoked: credentials.len() - active,
+        credentials,
+    })
+    .into_response())
 }
 
 #[derive(Deserialize, Default)]
@@ -404,31 +419,35 @@ pub async fn revoke_credential(
     {
         Outcome::Revoked { credential_ids } => {
             tracing::info!(node_id, revoked = ?credential_ids, "credentials revoked");
-            Ok(axum::Json(json!({"node_id": node_id, "revoked": credential_ids})).into_response())
+            Ok(axum::Json(api::Revoked {
+                node_id,
+                revoked: credential_ids,
+            })
+            .into_response())
         }
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
     }
 }
 
-fn preview_json(p: &crate::state::DecommissionPreview) -> Value {
-    json!({
-        "preview_id": p.preview_id,
-        "node_id": p.node_id,
-        "effects": {
-            "node_id": p.effects.node_id,
-            "hostname": p.effects.hostname,
-            "disable_node": true,
-            "ban_identity": p.effects.identity_public_key,
-            "credentials_to_revoke": p.effects.credentials_to_revoke,
-            "hostname_conflicts_resolved": p.effects.hostname_conflicts_resolved,
-            "claims_to_spend": p.effects.claims_to_spend,
-            "allocations_to_release": p.effects.allocations_to_release,
-            "accelerators_leaving_service": p.effects.accelerators,
+fn preview_json(p: &crate::state::DecommissionPreview) -> api::DecommissionPreviewView {
+    api::DecommissionPreviewView {
+        preview_id: p.preview_id.clone(),
+        node_id: p.node_id.clone(),
+        effects: api::DecommissionEffectsView {
+            node_id: p.effects.node_id.clone(),
+            hostname: p.effects.hostname.clone(),
+            disable_node: true,
+            ban_identity: p.effects.identity_public_key.clone(),
+            credentials_to_revoke: p.effects.credentials_to_revoke.clone(),
+            hostname_conflicts_resolved: p.effects.hostname_conflicts_resolved.clone(),
+            claims_to_spend: p.effects.claims_to_spend.clone(),
+            allocations_to_release: p.effects.allocations_to_release.clone(),
+            accelerators_leaving_service: p.effects.accelerators.clone(),
         },
-        "fingerprint": p.fingerprint,
-        "created_at": rfc3339_ms(p.created_at_ms),
-        "expires_at": rfc3339_ms(p.expires_at_ms),
-    })
+        fingerprint: p.fingerprint.clone(),
+        created_at: rfc3339_ms(p.created_at_ms),
+        expires_at: rfc3339_ms(p.expires_at_ms),
+    }
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/decommission/preview`: a replicated, audited
@@ -533,17 +552,17 @@ pub async fn decommission_execute(
             effects,
         } => {
             tracing::info!(node_id, revoked = ?effects.credentials_to_revoke, "node decommissioned");
-            Ok(axum::Json(json!({
-                "node_id": node_id,
-                "status": "decommissioned",
-                "enabled": false,
-                "decommissioned_at": rfc3339_ms(decommissioned_at_ms),
-                "preview_id": body.preview_id,
-                "revoked": effects.credentials_to_revoke,
-                "hostname_conflicts_resolved": effects.hostname_conflicts_resolved,
-                "claims_spent": effects.claims_to_spend,
-                "allocations_released": effects.allocations_to_release,
-            }))
+            Ok(axum::Json(api::Decommissioned {
+                node_id,
+                status: "decommissioned".into(),
+                enabled: false,
+                decommissioned_at: rfc3339_ms(decommissioned_at_ms),
+                preview_id: body.preview_id.clone(),
+                revoked: effects.credentials_to_revoke,
+                hostname_conflicts_resolved: effects.hostname_conflicts_resolved,
+                claims_spent: effects.claims_to_spend,
+                allocations_released: effects.allocations_to_release,
+            })
             .into_response())
         }
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
@@ -582,22 +601,32 @@ pub async fn audit(
     ctx.linearize().await?;
     let s = ctx.app.read();
     let limit = q.limit.unwrap_or(usize::MAX);
-    let events: Vec<Value> = s
+    let events = s
         .audit
         .iter()
         .filter(|e| q.node_id.as_ref().is_none_or(|n| &e.target == n))
         .filter(|e| since_ms.is_none_or(|t| e.at_ms >= t))
         .take(limit)
-        .map(|e| {
-            json!({
-                "seq": e.seq, "at": rfc3339_ms(e.at_ms), "at_ms": e.at_ms, "actor": e.actor, "action": e.action, "target": e.target,
-                "result": e.result, "request_id": e.request_id, "log_index": e.log_index,
-                "prev_hash": e.prev_hash, "hash": e.hash,
-            })
+        .map(|e| api::AuditEventView {
+            seq: e.seq,
+            at: rfc3339_ms(e.at_ms),
+            at_ms: e.at_ms,
+            actor: e.actor.clone(),
+            action: e.action.clone(),
+            target: e.target.clone(),
+            result: e.result.clone(),
+            request_id: e.request_id.clone(),
+            log_index: e.log_index,
+            prev_hash: e.prev_hash.clone(),
+            hash: e.hash.clone(),
         })
         .collect();
-    let chain_ok = crate::state::verify_audit_chain(&s.audit).is_ok();
-    Ok(axum::Json(json!({"events": events, "chain_verified": chain_ok})).into_response())
+    let chain_verified = crate::state::verify_audit_chain(&s.audit).is_ok();
+    Ok(axum::Json(api::AuditPage {
+        events,
+        chain_verified,
+    })
+    .into_response())
 }
 
 /// `GET /api/v1/admin/state-digest`: a digest of the applied state, to compare members.

@@ -26,7 +26,6 @@ use modelforge_proto::wire::Inventory;
 use modelforge_proto::wire::Job;
 use modelforge_proto::wire::SmokeReport;
 use modelforge_proto::wire::Telemetry;
-use serde_json::json;
 
 use super::Shared;
 use super::extract::JsonBody;
@@ -36,6 +35,7 @@ use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
 use crate::state::inventory_digest;
+use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
 
 const MAX_ACCELERATORS: usize = 256;
@@ -382,7 +382,7 @@ pub async fn smoke_report(
     };
     match ctx.propose_for_agent(&node_id, cmd).await? {
         Outcome::SmokeFinished { passed } => {
-            Ok(axum::Json(json!({"passed": passed})).into_response())
+            Ok(axum::Json(api::SmokeVerdict { passed }).into_response())
         }
         other => Err(ApiError::internal(format!(
             "unexpected answer to a smoke report: {other:?}"
@@ -408,7 +408,7 @@ pub async fn inventory(
         .get(&node_id)
         .is_some_and(|n| n.inventory_digest == inventory_digest(&inv));
     if unchanged {
-        return Ok(axum::Json(json!({"changed": false})).into_response());
+        return Ok(axum::Json(api::InventoryChanged { changed: false }).into_response());
     }
     let cmd = Command::UpdateInventory {
         node_id: node_id.clone(),
@@ -416,7 +416,7 @@ pub async fn inventory(
     };
     match ctx.propose_for_agent(&node_id, cmd).await? {
         Outcome::InventoryUpdated { changed } => {
-            Ok(axum::Json(json!({"changed": changed})).into_response())
+            Ok(axum::Json(api::InventoryChanged { changed }).into_response())
         }
         other => Err(ApiError::internal(format!(
             "unexpected answer to an inventory update: {other:?}"

@@ -8,12 +8,12 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::response::Response;
+use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
 use modelforge_proto::now_ms;
 use modelforge_raft::WriteError;
 use modelforge_raft::codec;
 use modelforge_raft::network::PEER_HEADER;
-use serde_json::json;
 
 use super::*;
 use crate::error::ApiError;
@@ -70,7 +70,11 @@ pub(super) async fn peer_status(
 ) -> Result<Response, ApiError> {
     require_peer(&ctx, &headers)?;
     let initialized = ctx.consensus.is_initialized().await;
-    Ok(axum::Json(json!({"initialized": initialized, "id": ctx.cfg.node_id})).into_response())
+    Ok(axum::Json(api::PeerStatus {
+        initialized,
+        id: ctx.cfg.node_id,
+    })
+    .into_response())
 }
 
 /// The leader's read index for a follower: confirmed with a quorum, then the index the
@@ -85,7 +89,7 @@ pub(super) async fn peer_read_index(
         .await
         .map_err(|e| ApiError::new(ErrorCode::NotLeader, e.to_string()))?;
     let applied = ctx.consensus.status().applied_index;
-    Ok(axum::Json(json!({"index": applied})).into_response())
+    Ok(axum::Json(api::ReadIndex { index: applied }).into_response())
 }
 
 /// A member whose write found another leader hands the encoded envelope over here.
@@ -125,7 +129,7 @@ pub(super) async fn peer_verified(
     ctx.checks
         .shared_in
         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-    Ok(axum::Json(json!({"learned": n})).into_response())
+    Ok(axum::Json(api::Learned { learned: n }).into_response())
 }
 
 /// Share newly verified cache entries with the other members, best effort, batched.

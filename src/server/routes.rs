@@ -8,7 +8,6 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
-use serde_json::json;
 
 use super::peer::*;
 use super::*;
@@ -113,13 +112,21 @@ pub fn router(ctx: Shared) -> Router {
 }
 
 pub(super) async fn healthz() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
+    axum::Json(api::Health {
+        status: "ok".into(),
+    })
+    .into_response()
 }
 
 pub(super) async fn readyz(State(ctx): State<Shared>) -> Response {
     let s = ctx.consensus.status();
     let ready = s.leader_id.is_some() && s.applied_index >= s.commit_index;
-    let body = json!({"ready": ready, "leader_id": s.leader_id, "commit_index": s.commit_index, "applied_index": s.applied_index});
+    let body = api::Readiness {
+        ready,
+        leader_id: s.leader_id,
+        commit_index: s.commit_index,
+        applied_index: s.applied_index,
+    };
     let status = if ready {
         StatusCode::OK
     } else {

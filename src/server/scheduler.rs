@@ -22,8 +22,6 @@ use axum::response::Response;
 use modelforge_proto::now_ms;
 use modelforge_proto::rfc3339_ms;
 use serde::Deserialize;
-use serde_json::Value;
-use serde_json::json;
 
 use super::Shared;
 use super::extract::JsonBody;
@@ -34,6 +32,7 @@ use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
 use crate::state::State as Replicated;
+use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
 
 #[derive(Deserialize)]
@@ -175,9 +174,11 @@ pub async fn allocate(
 fn created(allocation_id: &str, node_id: &str, uuids: &[String]) -> Response {
     (
         StatusCode::CREATED,
-        axum::Json(
-            json!({"allocation_id": allocation_id, "node_id": node_id, "accelerator_uuids": uuids}),
-        ),
+        axum::Json(api::AllocationPlaced {
+            allocation_id: allocation_id.to_string(),
+            node_id: node_id.to_string(),
+            accelerator_uuids: uuids.to_vec(),
+        }),
     )
         .into_response()
 }
@@ -203,7 +204,10 @@ pub async fn release(
         },
     )
     .await?;
-    Ok(axum::Json(json!({"released": allocation_id})).into_response())
+    Ok(axum::Json(api::AllocationReleased {
+        released: allocation_id,
+    })
+    .into_response())
 }
 
 /// `GET /api/v1/admin/scheduler`: every enabled node as the scheduler sees it.
@@ -219,16 +223,22 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
         if node.decommissioned_at_ms.is_some() {
             continue;
         }
-        let allocations: Vec<Value> = s
+        let allocations = s
             .sched
             .allocations
             .values()
             .filter(|a| &a.node_id == id)
-            .map(|a| {
-                json!({"allocation_id": a.allocation_id, "owner": a.owner,
-                       "accelerator_uuids": a.accelerator_uuids,
-                       "state": if a.confirmed { "confirmed" } else { "unconfirmed" },
-                       "created_at": rfc3339_ms(a.created_at_ms)})
+            .map(|a| api::AllocationView {
+                allocation_id: a.allocation_id.clone(),
+                owner: a.owner.clone(),
+                accelerator_uuids: a.accelerator_uuids.clone(),
+                state: if a.confirmed {
+                    "confirmed"
+                } else {
+                    "unconfirmed"
+                }
+                .into(),
+                created_at: rfc3339_ms(a.created_at_ms),
             })
             .collect();
         let l = live.get(id).map(|(l, _)| l);
@@ -242,32 +252,32 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
         } else {
             vec![]
         };
-        let busy: Vec<&String> = s
+        let busy: Vec<String> = s
             .sched
             .external_busy
             .get(id)
-            .map(|b| b.iter().collect())
+            .map(|b| b.iter().cloned().collect())
             .unwrap_or_default();
-        nodes.push(json!({
-            "node_id": id,
-            "hostname": node.hostname,
-            "enabled": node.enabled,
-            "verified": verified,
-            "online": online,
-            "smoke_required": smoke_required,
-            "offered": offered,
-            "accelerators": node.inventory.accelerators.len(),
-            "free_accelerators": free.len(),
-            "free_accelerator_uuids": free,
-            "busy_outside_scheduler": busy,
-            "allocations": allocations,
-        }));
+        nodes.push(api::SchedulerNode {
+            node_id: id.clone(),
+            hostname: node.hostname.clone(),
+            enabled: node.enabled,
+            verified,
+            online,
+            smoke_required,
+            offered,
+            accelerators: node.inventory.accelerators.len(),
+            free_accelerators: free.len(),
+            free_accelerator_uuids: free,
+            busy_outside_scheduler: busy,
+            allocations,
+        });
     }
-    Ok(axum::Json(json!({
-        "view_rebuilt_at": rfc3339_ms(rebuilt_at),
-        "require_smoke": ctx.cfg.require_smoke,
-        "nodes": nodes,
-    }))
+    Ok(axum::Json(api::SchedulerView {
+        view_rebuilt_at: rfc3339_ms(rebuilt_at),
+        require_smoke: ctx.cfg.require_smoke,
+        nodes,
+    })
     .into_response())
 }
 
@@ -288,7 +298,7 @@ pub async fn start_smoke(
     match ctx.propose("admin", rid, cmd).await? {
         Outcome::SmokeStarted { smoke_id } => Ok((
             StatusCode::ACCEPTED,
-            axum::Json(json!({"smoke_id": smoke_id})),
+            axum::Json(api::SmokeStarted { smoke_id }),
         )
             .into_response()),
         other => Err(ApiError::internal(format!(
@@ -319,14 +329,22 @@ pub async fn show_smoke(
             "no such smoke for this node",
         ));
     };
-    Ok(axum::Json(json!({
-        "smoke_id": smoke.smoke_id,
-        "node_id": smoke.node_id,
-        "state": smoke.state,
-        "checks": smoke.checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect::<Vec<_>>(),
-        "created_at": rfc3339_ms(smoke.created_at_ms),
-        "finished_at": smoke.finished_at_ms.map(rfc3339_ms),
-    }))
+    Ok(axum::Json(api::SmokeView {
+        smoke_id: smoke.smoke_id.clone(),
+        node_id: smoke.node_id.clone(),
+        state: smoke.state.as_str().to_string(),
+        checks: smoke
+            .checks
+            .iter()
+            .map(|c| api::SmokeCheckView {
+                name: c.name.clone(),
+                ok: c.ok,
+                detail: c.detail.clone(),
+            })
+            .collect(),
+        created_at: rfc3339_ms(smoke.created_at_ms),
+        finished_at: smoke.finished_at_ms.map(rfc3339_ms),
+    })
     .into_response())
 }
 

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use modelforge_proto::api;
 use modelforge_proto::now_ms;
 use modelforge_raft::network::PEER_HEADER;
 
@@ -28,8 +29,8 @@ pub(super) async fn bootstrap(ctx: Shared) {
             .send()
             .await;
         if let Ok(resp) = resp
-            && let Ok(v) = resp.json::<serde_json::Value>().await
-            && v.get("initialized").and_then(|b| b.as_bool()) == Some(true)
+            && let Ok(v) = resp.json::<api::PeerStatus>().await
+            && v.initialized
         {
             tracing::info!(
                 peer = id,

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
 use modelforge_proto::now_ms;
 use modelforge_raft::WriteError;
@@ -138,7 +139,7 @@ impl Ctx {
             return Err(ApiError::new(ErrorCode::NoLeader, "no leader is known"));
         };
         let url = self.peer_url(id, &url);
-        let v: serde_json::Value = self
+        let answer: api::ReadIndex = self
             .http
             .get(format!("{}{READ_INDEX}", url.trim_end_matches('/')))
             .header(PEER_HEADER, &self.peer_token)
@@ -156,12 +157,10 @@ impl Ctx {
             .map_err(|_| {
                 ApiError::new(
                     ErrorCode::NoLeader,
-                    "the leader did not answer the read index",
+                    "the leader did not answer the read index (or refused it)",
                 )
             })?;
-        let index = v["index"].as_u64().ok_or_else(|| {
-            ApiError::new(ErrorCode::NoLeader, "the leader refused the read index")
-        })?;
+        let index = answer.index;
         if self
             .consensus
             .wait_for(Duration::from_secs(10), |s| s.applied_index >= index)

@@ -63,6 +63,16 @@ pub enum SmokeState {
     Failed,
 }
 
+impl SmokeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmokeState::Pending => "pending",
+            SmokeState::Passed => "passed",
+            SmokeState::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Scheduling {
     pub allocations: BTreeMap<String, Allocation>,

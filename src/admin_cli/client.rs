@@ -20,6 +20,8 @@ pub enum CallError {
     },
     /// No member answered, or all answered 503 until the deadline.
     Unreachable(String),
+    /// A member answered 2xx with a body that is not the endpoint's type (another version?).
+    BadAnswer(String),
 }
 
 pub struct Client {
@@ -54,6 +56,28 @@ impl Client {
 
     pub async fn get(&mut self, path: &str) -> Result<Value, CallError> {
         self.call(reqwest::Method::GET, path, None, None).await
+    }
+
+    /// A GET answered with the endpoint's type from `modelforge_proto::api`, and the JSON as
+    /// the member sent it (what `--output json` prints).
+    pub async fn get_typed<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &str,
+    ) -> Result<(T, Value), CallError> {
+        let v = self.get(path).await?;
+        typed(v, path)
+    }
+
+    /// A write answered with the endpoint's type, and the JSON as sent.
+    pub async fn write_typed<T: serde::de::DeserializeOwned>(
+        &mut self,
+        method: reqwest::Method,
+        path: &str,
+        body: Value,
+        key: Option<&str>,
+    ) -> Result<(T, Value), CallError> {
+        let v = self.write(method, path, body, key).await?;
+        typed(v, path)
     }
 
     /// A write: `key` overrides the invocation's idempotency key.
@@ -166,5 +190,13 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+}
+
+/// Decode an answer as its endpoint's type, keeping the JSON.
+fn typed<T: serde::de::DeserializeOwned>(v: Value, path: &str) -> Result<(T, Value), CallError> {
+    match serde_json::from_value(v.clone()) {
+        Ok(t) => Ok((t, v)),
+        Err(e) => Err(CallError::BadAnswer(format!("{path}: {e}"))),
     }
 }

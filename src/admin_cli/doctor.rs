@@ -1,6 +1,7 @@
 //! `modelforge admin doctor <node>`: the runbook's Diagnose step for one node, decided by a
 //! plain function over what the API shows ([`diagnose`]), so every verdict is unit-tested.
 
+use modelforge_proto::api;
 use serde_json::Value;
 use serde_json::json;
 
@@ -59,51 +60,42 @@ pub struct Facts {
     pub view_rebuilt_at: Option<String>,
 }
 
-fn ms(v: &Value) -> Option<i64> {
-    humantime::parse_rfc3339_weak(v.as_str()?)
+fn ms(t: &str) -> Option<i64> {
+    humantime::parse_rfc3339_weak(t)
         .ok()?
         .duration_since(std::time::UNIX_EPOCH)
         .ok()
         .map(|d| d.as_millis() as i64)
 }
 
-fn text(v: &Value) -> Option<String> {
-    v.as_str().map(str::to_string)
-}
-
 impl Facts {
     /// From `GET .../nodes/{id}` and `GET .../nodes/{id}/credentials`.
-    pub fn from_api(node: &Value, creds: &Value) -> Self {
-        let active_last_used_at = creds["credentials"].as_array().and_then(|cs| {
-            cs.iter()
-                .filter(|c| c["revoked_at"].is_null())
-                .filter_map(|c| text(&c["last_used_at"]))
-                .max()
-        });
+    pub fn from_api(node: &api::NodeDetail, creds: &api::Credentials) -> Self {
+        let n = &node.summary;
+        let active_last_used_at = creds
+            .credentials
+            .iter()
+            .filter(|c| c.revoked_at.is_none())
+            .filter_map(|c| c.last_used_at.clone())
+            .max();
         Facts {
-            node_id: text(&node["node_id"]).unwrap_or_default(),
-            hostname: text(&node["hostname"]).unwrap_or_default(),
-            status: text(&node["status"]).unwrap_or_default(),
-            decommissioned_at: text(&node["decommissioned_at"]),
-            last_heartbeat_at: text(&node["last_heartbeat_at"]),
-            last_heartbeat_ms: ms(&node["last_heartbeat_at"]),
-            last_refusal: node["last_refusal"]["status"].as_u64().map(|s| {
-                (
-                    s as u16,
-                    text(&node["last_refusal"]["at"]).unwrap_or_default(),
-                    ms(&node["last_refusal"]["at"]).unwrap_or(0),
-                )
-            }),
-            active: creds["active"].as_u64().unwrap_or(0),
-            revoked: creds["revoked"].as_u64().unwrap_or(0),
+            node_id: n.node_id.clone(),
+            hostname: n.hostname.clone(),
+            status: n.status.clone(),
+            decommissioned_at: n.decommissioned_at.clone(),
+            last_heartbeat_at: n.last_heartbeat_at.clone(),
+            last_heartbeat_ms: n.last_heartbeat_at.as_deref().and_then(ms),
+            last_refusal: node
+                .last_refusal
+                .as_ref()
+                .map(|r| (r.status, r.at.clone(), ms(&r.at).unwrap_or(0))),
+            active: creds.active as u64,
+            revoked: creds.revoked as u64,
             active_last_used_at,
-            hostname_conflicts: node["hostname_conflicts"]
-                .as_array()
-                .map(|a| a.iter().filter_map(text).collect())
-                .unwrap_or_default(),
-            accelerators: node["accelerators"].as_array().map_or(0, |a| a.len()),
-            accelerators_verified: node["accelerators_verified"].as_bool().unwrap_or(false),
-            view_rebuilt_at: text(&node["view_rebuilt_at"]),
+            hostname_conflicts: n.hostname_conflicts.clone(),
+            accelerators: n.accelerators.len(),
+            accelerators_verified: n.accelerators_verified,
+            view_rebuilt_at: Some(n.view_rebuilt_at.clone()),
         }
     }
 }

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Subcommand;
+use modelforge_proto::api;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
@@ -199,6 +200,9 @@ impl From<CallError> for Fail {
             CallError::Unreachable(why) => {
                 Fail(EXIT_UNREACHABLE, format!("no member answered: {why}"))
             }
+            CallError::BadAnswer(why) => {
+                Fail(EXIT_UNREACHABLE, format!("the answer does not read: {why}"))
+            }
         }
     }
 }
@@ -330,15 +334,19 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         .map_err(|e| Fail(EXIT_UNREACHABLE, e.to_string()))?;
     match &args.command {
         AdminCmd::Cluster => {
-            let v = c.get("/api/v1/cluster").await?;
+            let (view, v): (api::ClusterView, _) = c.get_typed("/api/v1/cluster").await?;
             emit(&args, &v, || {
+                let leader = view
+                    .leader_id
+                    .map_or_else(|| "null".to_string(), |l| l.to_string());
                 let mut out = format!(
-                    "member {} sees leader {} in term {} (commit {}, applied {})\n",
-                    v["id"], v["leader_id"], v["term"], v["commit_index"], v["applied_index"]
+                    "member {} sees leader {leader} in term {} (commit {}, applied {})\n",
+                    view.id, view.term, view.commit_index, view.applied_index
                 );
-                let rows = arr(&v["members"])
+                let rows = view
+                    .members
                     .iter()
-                    .map(|m| vec![s(&m["id"]), s(&m["url"])])
+                    .map(|m| vec![m.id.to_string(), m.url.clone()])
                     .collect();
                 out.push_str(&table(&["MEMBER", "URL"], rows));
                 out
@@ -352,24 +360,26 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Doctor { node_id, wait } => doctor_cmd(&args, &mut c, node_id, *wait).await,
         AdminCmd::Backup { out } => backup_cmd(&args, &mut c, out).await,
         AdminCmd::Scheduler => {
-            let v = c.get("/api/v1/admin/scheduler").await?;
+            let (view, v): (api::SchedulerView, _) = c.get_typed("/api/v1/admin/scheduler").await?;
             emit(&args, &v, || {
-                let rows = arr(&v["nodes"])
+                let rows = view
+                    .nodes
                     .iter()
                     .map(|n| {
-                        let allocs = arr(&n["allocations"])
+                        let allocs = n
+                            .allocations
                             .iter()
-                            .map(|a| format!("{}:{}", s(&a["allocation_id"]), s(&a["state"])))
+                            .map(|a| format!("{}:{}", a.allocation_id, a.state))
                             .collect::<Vec<_>>()
                             .join(" ");
                         vec![
-                            s(&n["node_id"]),
-                            s(&n["hostname"]),
-                            s(&n["verified"]),
-                            s(&n["online"]),
-                            s(&n["smoke_required"]),
-                            s(&n["offered"]),
-                            format!("{}/{}", s(&n["free_accelerators"]), s(&n["accelerators"])),
+                            n.node_id.clone(),
+                            n.hostname.clone(),
+                            n.verified.to_string(),
+                            n.online.to_string(),
+                            n.smoke_required.to_string(),
+                            n.offered.to_string(),
+                            format!("{}/{}", n.free_accelerators, n.accelerators),
                             if allocs.is_empty() {
                                 "-".into()
                             } else {
@@ -380,8 +390,8 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
                     .collect();
                 format!(
                     "view rebuilt at {}; smoke required for recovered nodes: {}\n{}",
-                    s(&v["view_rebuilt_at"]),
-                    s(&v["require_smoke"]),
+                    view.view_rebuilt_at,
+                    view.require_smoke,
                     table(
                         &[
                             "NODE",
@@ -446,59 +456,61 @@ async fn smoke_cmd(
     node_id: &str,
     wait: Duration,
 ) -> Result<i32, Fail> {
-    let started = c
-        .write(
+    let (started, _): (api::SmokeStarted, _) = c
+        .write_typed(
             Method::POST,
             &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
             json!({}),
             None,
         )
         .await?;
-    let smoke_id = s(&started["smoke_id"]);
+    let smoke_id = started.smoke_id;
     let deadline = tokio::time::Instant::now() + wait;
-    let v = loop {
-        let v = c
-            .get(&format!(
+    let (smoke, v) = loop {
+        let (smoke, v): (api::SmokeView, _) = c
+            .get_typed(&format!(
                 "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}"
             ))
             .await?;
-        if v["state"] == "passed" || v["state"] == "failed" {
-            break v;
+        if smoke.state == "passed" || smoke.state == "failed" {
+            break (smoke, v);
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(Fail(
                 EXIT_UNREACHABLE,
                 format!(
                     "smoke {smoke_id} is still {} after {wait:?}: is the agent heartbeating?",
-                    s(&v["state"])
+                    smoke.state
                 ),
             ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let passed = v["state"] == "passed";
-    emit_or_quiet(args, &v, vec![s(&v["state"])], || {
-        let rows = arr(&v["checks"])
+    let passed = smoke.state == "passed";
+    emit_or_quiet(args, &v, vec![smoke.state.clone()], || {
+        let rows = smoke
+            .checks
             .iter()
             .map(|c| {
                 vec![
-                    s(&c["name"]),
-                    if c["ok"] == true {
-                        "ok".into()
-                    } else {
-                        "FAILED".into()
-                    },
-                    s(&c["detail"]),
+                    c.name.clone(),
+                    if c.ok { "ok".into() } else { "FAILED".into() },
+                    c.detail.clone(),
                 ]
             })
             .collect();
         format!(
             "smoke {smoke_id} on {node_id}: {}\n{}",
-            s(&v["state"]),
+            smoke.state,
             table(&["CHECK", "RESULT", "DETAIL"], rows)
         )
     });
     Ok(if passed { EXIT_OK } else { EXIT_REFUSED })
+}
+
+/// An optional text as table text: absent as "-".
+fn opt(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".into())
 }
 
 /// A JSON value as table text: strings bare, null as "-".
@@ -574,22 +586,21 @@ async fn enrollments(args: &AdminArgs, c: &mut Client, cmd: &EnrollmentCmd) -> R
             if let Some(n) = note {
                 body["note"] = json!(n);
             }
-            let v = c
-                .write(Method::POST, "/api/v1/admin/node-enrollments", body, None)
+            let (issued, v): (api::TokenIssued, _) = c
+                .write_typed(Method::POST, "/api/v1/admin/node-enrollments", body, None)
                 .await?;
-            emit_or_quiet(args, &v, vec![s(&v["token"])], || {
+            emit_or_quiet(args, &v, vec![issued.token.clone()], || {
                 format!(
                     "enrollment {} (expires {})\ntoken (shown once): {}\n",
-                    s(&v["enrollment_id"]),
-                    s(&v["expires_at"]),
-                    s(&v["token"])
+                    issued.enrollment_id, issued.expires_at, issued.token
                 )
             });
         }
         EnrollmentCmd::List => {
-            let v = c.get("/api/v1/admin/node-enrollments").await?;
-            let rows = arr(&v["enrollments"]);
-            let ids = rows.iter().map(|r| s(&r["enrollment_id"])).collect();
+            let (list, v): (api::Enrollments, _) =
+                c.get_typed("/api/v1/admin/node-enrollments").await?;
+            let rows = list.enrollments;
+            let ids = rows.iter().map(|r| r.enrollment_id.clone()).collect();
             emit_or_quiet(args, &v, ids, || {
                 table(
                     &[
@@ -603,12 +614,12 @@ async fn enrollments(args: &AdminArgs, c: &mut Client, cmd: &EnrollmentCmd) -> R
                     rows.iter()
                         .map(|r| {
                             vec![
-                                s(&r["enrollment_id"]),
-                                s(&r["state"]),
-                                s(&r["created_at"]),
-                                s(&r["expires_at"]),
-                                s(&r["claimed_node_id"]),
-                                s(&r["note"]),
+                                r.enrollment_id.clone(),
+                                r.state.clone(),
+                                r.created_at.clone(),
+                                r.expires_at.clone(),
+                                opt(&r.claimed_node_id),
+                                opt(&r.note),
                             ]
                         })
                         .collect(),
@@ -632,23 +643,19 @@ async fn enrollments(args: &AdminArgs, c: &mut Client, cmd: &EnrollmentCmd) -> R
     Ok(EXIT_OK)
 }
 
-fn node_rows(nodes: &[Value]) -> Vec<Vec<String>> {
+fn node_rows(nodes: &[api::NodeSummary]) -> Vec<Vec<String>> {
     nodes
         .iter()
         .map(|n| {
             vec![
-                s(&n["node_id"]),
-                s(&n["hostname"]),
-                s(&n["status"]),
-                s(&n["enabled"]),
-                s(&n["last_heartbeat_at"]),
-                arr(&n["accelerators"]).len().to_string(),
-                s(&n["active_credentials"]),
-                arr(&n["hostname_conflicts"])
-                    .iter()
-                    .map(s)
-                    .collect::<Vec<_>>()
-                    .join(","),
+                n.node_id.clone(),
+                n.hostname.clone(),
+                n.status.clone(),
+                n.enabled.to_string(),
+                opt(&n.last_heartbeat_at),
+                n.accelerators.len().to_string(),
+                n.active_credentials.to_string(),
+                n.hostname_conflicts.join(","),
             ]
         })
         .collect()
@@ -683,10 +690,11 @@ async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, F
             } else {
                 format!("/api/v1/admin/hardware/nodes?{}", q.join("&"))
             };
-            let v = c.get(&path).await?;
-            let list = arr(&v["nodes"]);
-            let ids = list.iter().map(|n| s(&n["node_id"])).collect();
-            emit_or_quiet(args, &v, ids, || table(&NODE_HEADERS, node_rows(&list)));
+            let (list, v): (api::Nodes, _) = c.get_typed(&path).await?;
+            let ids = list.nodes.iter().map(|n| n.node_id.clone()).collect();
+            emit_or_quiet(args, &v, ids, || {
+                table(&NODE_HEADERS, node_rows(&list.nodes))
+            });
         }
         NodeCmd::Show { node_id } => {
             let v = c
@@ -725,22 +733,21 @@ async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, F
             });
         }
         NodeCmd::Credentials { node_id } => {
-            let v = c
-                .get(&format!(
+            let (list, v): (api::Credentials, _) = c
+                .get_typed(&format!(
                     "/api/v1/admin/hardware/nodes/{node_id}/credentials"
                 ))
                 .await?;
-            let creds = arr(&v["credentials"]);
+            let creds = &list.credentials;
             let active = creds
                 .iter()
-                .filter(|c| c["revoked_at"].is_null())
-                .map(|c| s(&c["credential_id"]))
+                .filter(|c| c.revoked_at.is_none())
+                .map(|c| c.credential_id.clone())
                 .collect();
             emit_or_quiet(args, &v, active, || {
                 let mut out = format!(
                     "node {node_id}: {} active, {} revoked\n",
-                    s(&v["active"]),
-                    s(&v["revoked"])
+                    list.active, list.revoked
                 );
                 out.push_str(&table(
                     &["CREDENTIAL", "CREATED", "LAST USED", "REVOKED", "REASON"],
@@ -748,11 +755,11 @@ async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, F
                         .iter()
                         .map(|c| {
                             vec![
-                                s(&c["credential_id"]),
-                                s(&c["created_at"]),
-                                s(&c["last_used_at"]),
-                                s(&c["revoked_at"]),
-                                s(&c["revoked_reason"]),
+                                c.credential_id.clone(),
+                                c.created_at.clone(),
+                                opt(&c.last_used_at),
+                                opt(&c.revoked_at),
+                                opt(&c.revoked_reason),
                             ]
                         })
                         .collect(),
@@ -765,15 +772,15 @@ async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, F
                 Some(r) => json!({"reason": r}),
                 None => json!({}),
             };
-            let v = c
-                .write(
+            let (answer, v): (api::Revoked, _) = c
+                .write_typed(
                     Method::DELETE,
                     &format!("/api/v1/admin/hardware/nodes/{node_id}/credential"),
                     body,
                     None,
                 )
                 .await?;
-            let revoked: Vec<String> = arr(&v["revoked"]).iter().map(s).collect();
+            let revoked = answer.revoked;
             emit_or_quiet(args, &v, revoked.clone(), || {
                 if revoked.is_empty() {
                     format!("node {node_id}: no active credential to revoke\n")
@@ -786,8 +793,7 @@ async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, F
     Ok(EXIT_OK)
 }
 
-fn list_text(v: &Value) -> String {
-    let items: Vec<String> = arr(v).iter().map(s).collect();
+fn list_text(items: &[String]) -> String {
     if items.is_empty() {
         "none".into()
     } else {
@@ -802,16 +808,16 @@ async fn decommission(
 ) -> Result<i32, Fail> {
     match cmd {
         DecommissionCmd::Preview { node_id } => {
-            let v = c
-                .write(
+            let (p, v): (api::DecommissionPreviewView, _) = c
+                .write_typed(
                     Method::POST,
                     &format!("/api/v1/admin/hardware/nodes/{node_id}/decommission/preview"),
                     json!({}),
                     None,
                 )
                 .await?;
-            emit_or_quiet(args, &v, vec![s(&v["preview_id"])], || {
-                let e = &v["effects"];
+            emit_or_quiet(args, &v, vec![p.preview_id.clone()], || {
+                let e = &p.effects;
                 format!(
                     "preview {} of decommissioning node {} ({}), valid until {}:\n  \
                      disable the node (it stays, with its history, status decommissioned)\n  \
@@ -822,18 +828,18 @@ async fn decommission(
                      release allocations: {}\n  \
                      accelerators leaving service: {}\n\
                      execute with: modelforge admin decommission execute {} --preview-id {} --reason \"<why>\"\n",
-                    s(&v["preview_id"]),
-                    s(&e["node_id"]),
-                    s(&e["hostname"]),
-                    s(&v["expires_at"]),
-                    s(&e["ban_identity"]),
-                    list_text(&e["credentials_to_revoke"]),
-                    list_text(&e["hostname_conflicts_resolved"]),
-                    list_text(&e["claims_to_spend"]),
-                    list_text(&e["allocations_to_release"]),
-                    list_text(&e["accelerators_leaving_service"]),
+                    p.preview_id,
+                    e.node_id,
+                    e.hostname,
+                    p.expires_at,
+                    e.ban_identity,
+                    list_text(&e.credentials_to_revoke),
+                    list_text(&e.hostname_conflicts_resolved),
+                    list_text(&e.claims_to_spend),
+                    list_text(&e.allocations_to_release),
+                    list_text(&e.accelerators_leaving_service),
                     node_id,
-                    s(&v["preview_id"]),
+                    p.preview_id,
                 )
             });
         }
@@ -861,8 +867,8 @@ async fn decommission(
             }
             // The key is the preview's: a retry (even from another invocation) gets the first answer.
             let key = format!("decommission-{preview_id}");
-            let v = c
-                .write(
+            let (d, v): (api::Decommissioned, _) = c
+                .write_typed(
                     Method::POST,
                     &format!("/api/v1/admin/hardware/nodes/{node_id}/decommission/execute"),
                     json!({"preview_id": preview_id, "reason": reason}),
@@ -873,11 +879,11 @@ async fn decommission(
                 format!(
                     "node {} decommissioned at {}; revoked: {}; hostname conflicts resolved: {}; \
                      allocations released: {}\n",
-                    s(&v["node_id"]),
-                    s(&v["decommissioned_at"]),
-                    list_text(&v["revoked"]),
-                    list_text(&v["hostname_conflicts_resolved"]),
-                    list_text(&v["allocations_released"]),
+                    d.node_id,
+                    d.decommissioned_at,
+                    list_text(&d.revoked),
+                    list_text(&d.hostname_conflicts_resolved),
+                    list_text(&d.allocations_released),
                 )
             });
         }
@@ -952,9 +958,9 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
                 q.push(format!("limit={l}"));
             }
             let path = format!("/api/v1/admin/audit?{}", q.join("&"));
-            let v = c.get(&path).await?;
-            let events = arr(&v["events"]);
-            let seqs = events.iter().map(|e| s(&e["seq"])).collect();
+            let (page, v): (api::AuditPage, _) = c.get_typed(&path).await?;
+            let events = &page.events;
+            let seqs = events.iter().map(|e| e.seq.to_string()).collect();
             emit_or_quiet(args, &v, seqs, || {
                 let mut out = table(
                     &[
@@ -964,20 +970,20 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
                         .iter()
                         .map(|e| {
                             vec![
-                                s(&e["seq"]),
-                                s(&e["at"]),
-                                s(&e["actor"]),
-                                s(&e["action"]),
-                                s(&e["target"]),
-                                s(&e["result"]),
-                                s(&e["request_id"]),
+                                e.seq.to_string(),
+                                e.at.clone(),
+                                e.actor.clone(),
+                                e.action.clone(),
+                                e.target.clone(),
+                                e.result.clone(),
+                                e.request_id.clone(),
                             ]
                         })
                         .collect(),
                 );
                 out.push_str(&format!(
                     "server reports chain verified: {}\n",
-                    s(&v["chain_verified"])
+                    page.chain_verified
                 ));
                 out
             });
@@ -1057,11 +1063,11 @@ async fn doctor_cmd(
 ) -> Result<i32, Fail> {
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
-        let node = c
-            .get(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
+        let (node, _): (api::NodeDetail, _) = c
+            .get_typed(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
             .await?;
-        let creds = c
-            .get(&format!(
+        let (creds, _): (api::Credentials, _) = c
+            .get_typed(&format!(
                 "/api/v1/admin/hardware/nodes/{node_id}/credentials"
             ))
             .await?;

@@ -337,11 +337,11 @@ pub struct TelemetrySamples {
     pub samples: Vec<TelemetrySample>,
 }
 
-/// One audit event, with the hash chain that links it to the one before.
+/// One audit event as the replicated state keeps it: each hashes the one before. Replicated
+/// (positional codec): no serde attributes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct AuditEventView {
+pub struct AuditRecord {
     pub seq: u64,
-    pub at: String,
     pub at_ms: i64,
     pub actor: String,
     pub action: String,
@@ -351,6 +351,14 @@ pub struct AuditEventView {
     pub log_index: u64,
     pub prev_hash: String,
     pub hash: String,
+}
+
+/// One audit event as `GET /api/v1/admin/audit` shows it: the record and its time as text.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AuditEventView {
+    pub at: String,
+    #[serde(flatten)]
+    pub record: AuditRecord,
 }
 
 /// `GET /api/v1/admin/audit`.
@@ -383,9 +391,9 @@ pub struct SmokeStarted {
     pub smoke_id: String,
 }
 
-/// One check of a smoke, as the node reported it.
+/// One check of a smoke, as the node reported it (replicated: no serde attributes).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SmokeCheckView {
+pub struct SmokeCheck {
     pub name: String,
     pub ok: bool,
     pub detail: String,
@@ -398,7 +406,7 @@ pub struct SmokeView {
     pub node_id: String,
     /// `pending`, `passed` or `failed`.
     pub state: String,
-    pub checks: Vec<SmokeCheckView>,
+    pub checks: Vec<SmokeCheck>,
     pub created_at: String,
     pub finished_at: Option<String>,
 }

@@ -11,8 +11,8 @@
 //!
 //! Architecture invariant: types here that the control plane replicates (inventory) carry no
 //! `skip_serializing_if`, `flatten` or `untagged` serde attributes: they are also encoded with
-//! a positional codec in the Raft log. (`api::NodeDetail` flattens its summary: it is JSON
-//! only, never replicated.)
+//! a positional codec in the Raft log (`api::AuditRecord`, `api::SmokeCheck` too). The JSON-only
+//! views (`api::NodeDetail`, `api::AuditEventView`) may flatten: they are never replicated.
 
 pub mod api;
 pub mod identity;

@@ -960,7 +960,7 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
             let path = format!("/api/v1/admin/audit?{}", q.join("&"));
             let (page, v): (api::AuditPage, _) = c.get_typed(&path).await?;
             let events = &page.events;
-            let seqs = events.iter().map(|e| e.seq.to_string()).collect();
+            let seqs = events.iter().map(|e| e.record.seq.to_string()).collect();
             emit_or_quiet(args, &v, seqs, || {
                 let mut out = table(
                     &[
@@ -970,13 +970,13 @@ async fn audit_cmd(args: &AdminArgs, c: &mut Client, cmd: &AuditCmd) -> Result<i
                         .iter()
                         .map(|e| {
                             vec![
-                                e.seq.to_string(),
+                                e.record.seq.to_string(),
                                 e.at.clone(),
-                                e.actor.clone(),
-                                e.action.clone(),
-                                e.target.clone(),
-                                e.result.clone(),
-                                e.request_id.clone(),
+                                e.record.actor.clone(),
+                                e.record.action.clone(),
+                                e.record.target.clone(),
+                                e.record.result.clone(),
+                                e.record.request_id.clone(),
                             ]
                         })
                         .collect(),

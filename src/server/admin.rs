@@ -608,17 +608,8 @@ pub async fn audit(
         .filter(|e| since_ms.is_none_or(|t| e.at_ms >= t))
         .take(limit)
         .map(|e| api::AuditEventView {
-            seq: e.seq,
             at: rfc3339_ms(e.at_ms),
-            at_ms: e.at_ms,
-            actor: e.actor.clone(),
-            action: e.action.clone(),
-            target: e.target.clone(),
-            result: e.result.clone(),
-            request_id: e.request_id.clone(),
-            log_index: e.log_index,
-            prev_hash: e.prev_hash.clone(),
-            hash: e.hash.clone(),
+            record: e.clone(),
         })
         .collect();
     let chain_verified = crate::state::verify_audit_chain(&s.audit).is_ok();

@@ -333,15 +333,7 @@ pub async fn show_smoke(
         smoke_id: smoke.smoke_id.clone(),
         node_id: smoke.node_id.clone(),
         state: smoke.state.as_str().to_string(),
-        checks: smoke
-            .checks
-            .iter()
-            .map(|c| api::SmokeCheckView {
-                name: c.name.clone(),
-                ok: c.ok,
-                detail: c.detail.clone(),
-            })
-            .collect(),
+        checks: smoke.checks.clone(),
         created_at: rfc3339_ms(smoke.created_at_ms),
         finished_at: smoke.finished_at_ms.map(rfc3339_ms),
     })

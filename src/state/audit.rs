@@ -1,24 +1,11 @@
 //! The audit trail: one row per admin and enrolment action, each row hashing the one before.
 
-use serde::Deserialize;
-use serde::Serialize;
 use sha2::Digest;
 
 use super::State;
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct AuditEvent {
-    pub seq: u64,
-    pub at_ms: i64,
-    pub actor: String,
-    pub action: String,
-    pub target: String,
-    pub result: String,
-    pub request_id: String,
-    pub log_index: u64,
-    pub prev_hash: String,
-    pub hash: String,
-}
+/// An audit row (the type is the API's record, shared with clients that verify the chain).
+pub use modelforge_proto::api::AuditRecord as AuditEvent;
 
 impl State {
     #[allow(clippy::too_many_arguments)] // one audit row has this many columns

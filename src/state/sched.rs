@@ -38,12 +38,8 @@ pub struct Allocation {
     pub idempotency_key: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SmokeCheck {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-}
+/// One check of a smoke (the API's type: it is shown as reported).
+pub use modelforge_proto::api::SmokeCheck;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Smoke {

@@ -174,13 +174,9 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
         })
     };
     let leader = c.wait_leader().await;
-    let (s, first) = call(
-        "POST",
-        &format!("{}/api/v1/agent/enroll", c.url(leader)),
-        None,
-        Some(enroll(&key)),
-    )
-    .await;
+    let urls = c.urls();
+    let enroll_at = |id: u64| format!("{}/api/v1/agent/enroll", urls[id as usize - 1]);
+    let (s, first) = call("POST", &enroll_at(leader), None, Some(enroll(&key))).await;
     assert_eq!(s, 201, "{first}");
     // The reply is "lost"; the leader dies; the agent retries elsewhere.
     c.kill9(leader);
@@ -209,27 +205,24 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
     );
     // Another identity with the same token: refused.
     let thief = IdentityKey::generate();
-    let (s, v) = call(
-        "POST",
-        &format!("{}/api/v1/agent/enroll", c.url(other)),
-        None,
-        Some(enroll(&thief)),
-    )
-    .await;
+    let (s, v) = call("POST", &enroll_at(other), None, Some(enroll(&thief))).await;
     assert_eq!(s, 401, "{v}");
     // Once the credential was used, even the same identity cannot claim again.
     assert_eq!(c.heartbeat_all(nid, second_cred).await, vec![200, 200]);
-    let (s, v) = call(
-        "POST",
-        &format!("{}/api/v1/agent/enroll", c.url(other)),
-        None,
-        Some(enroll(&key)),
-    )
-    .await;
+    let (s, v) = call("POST", &enroll_at(other), None, Some(enroll(&key))).await;
     assert_eq!(s, 401, "{v}");
     assert_eq!(v["error"]["code"], "token_already_claimed");
     let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
     assert_eq!(v["nodes"].as_array().unwrap().len(), 1);
+}
+
+/// How many argon2 verifies member `id` has run.
+async fn argon2_verifies(c: &Cluster, id: u64) -> u64 {
+    c.cluster_view(id)
+        .await
+        .unwrap()
+        .secret_checks
+        .argon2_verifies
 }
 
 /// After a failover the new leader already holds the verified-credential cache entries the old
@@ -257,22 +250,12 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
     }
     c.kill9(leader);
     let new_leader = c.wait_leader().await;
-    let before = c
-        .cluster_view(new_leader)
-        .await
-        .unwrap()
-        .secret_checks
-        .argon2_verifies;
+    let before = argon2_verifies(&c, new_leader).await;
     for (nid, cred) in &nodes {
         let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(new_leader));
         assert_eq!(call("POST", &url, Some(cred), Some(json!({}))).await.0, 200);
     }
-    let after = c
-        .cluster_view(new_leader)
-        .await
-        .unwrap()
-        .secret_checks
-        .argon2_verifies;
+    let after = argon2_verifies(&c, new_leader).await;
     assert_eq!(
         after, before,
         "the new leader re-ran argon2 for credentials the old leader had verified"
@@ -291,12 +274,7 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
             (401, Some("invalid_credential")),
             "{v}"
         );
-        let now = c
-            .cluster_view(new_leader)
-            .await
-            .unwrap()
-            .secret_checks
-            .argon2_verifies;
+        let now = argon2_verifies(&c, new_leader).await;
         assert_eq!(
             now,
             after + attempt,
@@ -305,12 +283,7 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
     }
     // And the right secret is still served from the cache.
     assert_eq!(call("POST", &url, Some(cred), Some(json!({}))).await.0, 200);
-    let last = c
-        .cluster_view(new_leader)
-        .await
-        .unwrap()
-        .secret_checks
-        .argon2_verifies;
+    let last = argon2_verifies(&c, new_leader).await;
     assert_eq!(last, after + 2);
     // A revocation still wins over a warm cache on every member.
     let (nid, cred) = &nodes[0];

@@ -10,6 +10,7 @@ use modelforge::server::Shutdown;
 use modelforge::server::Stopped;
 use modelforge::server::serve_on;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::api::StateDigest;
 use serde_json::Value;
 use serde_json::json;
 
@@ -97,183 +98,165 @@ async fn refused(
     );
 }
 
+/// The member's state digest.
+async fn digest(base: &str) -> String {
+    let (_, v) = call(
+        base,
+        "GET",
+        "/api/v1/cluster/state-digest",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    serde_json::from_value::<StateDigest>(v).unwrap().digest
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handlers_refuse_bad_requests_with_the_tables_codes_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let m = member(dir.path()).await;
-    let digest = |v: Value| v["digest"].as_str().unwrap_or_default().to_string();
-    let before = digest(
-        call(
-            &m.url,
-            "GET",
-            "/api/v1/cluster/state-digest",
-            Some(ADMIN),
-            None,
-        )
-        .await
-        .1,
-    );
+    let before = digest(&m.url).await;
     assert!(!before.is_empty());
 
     use ErrorCode as E;
     let tokens = "/api/v1/admin/node-enrollments";
-    refused(&m, "GET", tokens, None, None, E::Unauthenticated).await;
-    refused(
-        &m,
-        "GET",
-        tokens,
-        Some("not-the-admin-token"),
-        None,
-        E::Unauthenticated,
-    )
-    .await;
-    refused(
-        &m,
-        "GET",
-        "/api/v1/nothing-here",
-        Some(ADMIN),
-        None,
-        E::NotFound,
-    )
-    .await;
-    refused(&m, "PATCH", tokens, Some(ADMIN), None, E::MethodNotAllowed).await;
-    refused(
-        &m,
-        "POST",
-        tokens,
-        Some(ADMIN),
-        Some("{not json"),
-        E::InvalidJson,
-    )
-    .await;
-    refused(
-        &m,
-        "POST",
-        tokens,
-        Some(ADMIN),
-        Some(r#"{"ttl_seconds": "soon"}"#),
-        E::InvalidBody,
-    )
-    .await;
-    refused(
-        &m,
-        "POST",
-        tokens,
-        Some(ADMIN),
-        Some(r#"{"ttl_seconds": 0}"#),
-        E::InvalidTtl,
-    )
-    .await;
     let huge = format!(r#"{{"note": "{}"}}"#, "x".repeat(300 * 1024));
-    refused(
-        &m,
-        "POST",
-        tokens,
-        Some(ADMIN),
-        Some(&huge),
-        E::BodyTooLarge,
-    )
-    .await;
-    refused(
-        &m,
-        "DELETE",
-        &format!("{tokens}/no-such-token"),
-        Some(ADMIN),
-        None,
-        E::EnrollmentNotFound,
-    )
-    .await;
-    refused(
-        &m,
-        "DELETE",
-        &format!("{tokens}/bad.id"),
-        Some(ADMIN),
-        None,
-        E::InvalidId,
-    )
-    .await;
     let nodes = "/api/v1/admin/hardware/nodes";
-    refused(
-        &m,
-        "GET",
-        &format!("{nodes}/no-such-node"),
-        Some(ADMIN),
-        None,
-        E::NodeNotFound,
-    )
-    .await;
-    refused(
-        &m,
-        "GET",
-        &format!("{nodes}/no-such-node/credentials"),
-        Some(ADMIN),
-        None,
-        E::NodeNotFound,
-    )
-    .await;
-    refused(
-        &m,
-        "DELETE",
-        &format!("{nodes}/no-such-node/credential"),
-        Some(ADMIN),
-        Some(r#"{"reason": "x"}"#),
-        E::NodeNotFound,
-    )
-    .await;
     let execute = format!("{nodes}/no-such-node/decommission/execute");
-    refused(
-        &m,
-        "POST",
-        &execute,
-        Some(ADMIN),
-        Some(r#"{"preview_id": "p1", "reason": "x"}"#),
-        E::NodeNotFound,
-    )
-    .await;
-    refused(
-        &m,
-        "POST",
-        "/api/v1/allocations",
-        Some(ADMIN),
-        Some(r#"{"owner": "o", "accelerators": 1}"#),
-        E::NoCapacity,
-    )
-    .await;
     let enroll = json!({"token": "mfet_garbage", "hostname": "h", "inventory": {"accelerators": [], "storage_roots": []},
-        "identity": {"public_key": "00", "signed_at_ms": 0, "signature": "00"}});
-    refused(
-        &m,
-        "POST",
-        "/api/v1/agent/enroll",
-        None,
-        Some(&enroll.to_string()),
-        E::InvalidToken,
-    )
-    .await;
+        "identity": {"public_key": "00", "signed_at_ms": 0, "signature": "00"}})
+    .to_string();
     let heartbeat = "/api/v1/agent/nodes/no-such-node/heartbeat";
-    refused(&m, "POST", heartbeat, None, Some("{}"), E::Unauthenticated).await;
-    refused(
-        &m,
-        "POST",
-        heartbeat,
-        Some("mfnc_garbage"),
-        Some("{}"),
-        E::InvalidCredential,
-    )
-    .await;
-
-    // None of it changed the replicated state.
-    let after = digest(
-        call(
-            &m.url,
+    // (method, path, bearer, body, the code it is refused with)
+    type Case<'a> = (&'a str, String, Option<&'a str>, Option<&'a str>, ErrorCode);
+    let cases: Vec<Case> = vec![
+        ("GET", tokens.to_string(), None, None, E::Unauthenticated),
+        (
             "GET",
-            "/api/v1/cluster/state-digest",
+            tokens.to_string(),
+            Some("not-the-admin-token"),
+            None,
+            E::Unauthenticated,
+        ),
+        (
+            "GET",
+            "/api/v1/nothing-here".to_string(),
             Some(ADMIN),
             None,
-        )
-        .await
-        .1,
-    );
+            E::NotFound,
+        ),
+        (
+            "PATCH",
+            tokens.to_string(),
+            Some(ADMIN),
+            None,
+            E::MethodNotAllowed,
+        ),
+        (
+            "POST",
+            tokens.to_string(),
+            Some(ADMIN),
+            Some("{not json"),
+            E::InvalidJson,
+        ),
+        (
+            "POST",
+            tokens.to_string(),
+            Some(ADMIN),
+            Some(r#"{"ttl_seconds": "soon"}"#),
+            E::InvalidBody,
+        ),
+        (
+            "POST",
+            tokens.to_string(),
+            Some(ADMIN),
+            Some(r#"{"ttl_seconds": 0}"#),
+            E::InvalidTtl,
+        ),
+        (
+            "POST",
+            tokens.to_string(),
+            Some(ADMIN),
+            Some(huge.as_str()),
+            E::BodyTooLarge,
+        ),
+        (
+            "DELETE",
+            format!("{tokens}/no-such-token"),
+            Some(ADMIN),
+            None,
+            E::EnrollmentNotFound,
+        ),
+        (
+            "DELETE",
+            format!("{tokens}/bad.id"),
+            Some(ADMIN),
+            None,
+            E::InvalidId,
+        ),
+        (
+            "GET",
+            format!("{nodes}/no-such-node"),
+            Some(ADMIN),
+            None,
+            E::NodeNotFound,
+        ),
+        (
+            "GET",
+            format!("{nodes}/no-such-node/credentials"),
+            Some(ADMIN),
+            None,
+            E::NodeNotFound,
+        ),
+        (
+            "DELETE",
+            format!("{nodes}/no-such-node/credential"),
+            Some(ADMIN),
+            Some(r#"{"reason": "x"}"#),
+            E::NodeNotFound,
+        ),
+        (
+            "POST",
+            execute.clone(),
+            Some(ADMIN),
+            Some(r#"{"preview_id": "p1", "reason": "x"}"#),
+            E::NodeNotFound,
+        ),
+        (
+            "POST",
+            "/api/v1/allocations".to_string(),
+            Some(ADMIN),
+            Some(r#"{"owner": "o", "accelerators": 1}"#),
+            E::NoCapacity,
+        ),
+        (
+            "POST",
+            "/api/v1/agent/enroll".to_string(),
+            None,
+            Some(enroll.as_str()),
+            E::InvalidToken,
+        ),
+        (
+            "POST",
+            heartbeat.to_string(),
+            None,
+            Some("{}"),
+            E::Unauthenticated,
+        ),
+        (
+            "POST",
+            heartbeat.to_string(),
+            Some("mfnc_garbage"),
+            Some("{}"),
+            E::InvalidCredential,
+        ),
+    ];
+    for (method, path, bearer, body, code) in &cases {
+        refused(&m, method, path, *bearer, *body, *code).await;
+    }
+
+    // None of it changed the replicated state.
+    let after = digest(&m.url).await;
     assert_eq!(after, before, "a refused request changed the state");
     m.stop.trigger();
     m.task.await.unwrap().unwrap();

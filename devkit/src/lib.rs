@@ -7,7 +7,6 @@
 //! Every wait here is on a condition with a deadline; nothing sleeps a fixed time to be safe.
 
 use std::path::Path;
-use std::path::PathBuf;
 use std::process::Child;
 use std::process::Command;
 use std::process::Stdio;
@@ -250,13 +249,6 @@ pub fn newest_leader(views: &[Option<ClusterView>]) -> Option<u64> {
         .map(|(_, l)| l)
 }
 
-/// A scratch folder for one run's data dirs and logs.
-pub fn scratch(prefix: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), free_port()));
-    std::fs::create_dir_all(&dir).expect("create a scratch folder");
-    dir
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,7 +299,7 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), ports.len());
         let peers = peers(&ports[..3]);
-        let dir = PathBuf::from("/tmp/x");
+        let dir = std::path::PathBuf::from("/tmp/x");
         let args = MemberSpec {
             id: 2,
             port: ports[1],

@@ -124,10 +124,6 @@ impl Shutdown {
         self.0.send_replace(true);
     }
 
-    pub fn is_triggered(&self) -> bool {
-        *self.0.borrow()
-    }
-
     /// Resolves once [`Shutdown::trigger`] was called.
     pub async fn triggered(&self) {
         let mut rx = self.0.subscribe();

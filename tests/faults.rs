@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
+use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
+use modelforge_proto::wire::EnrollResponse;
 use serde_json::json;
 
 /// Heartbeat from every agent through whichever member answers; true if all got 200.
@@ -52,8 +54,9 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
     .await;
     // Enough writes that the survivors snapshot past what the dead member has (snapshots are
     // paced, so wait for them rather than assume them).
-    let (_, view) = c.admin("GET", "/api/v1/cluster", None).await;
-    let dead_had = view["applied_index"].as_u64().unwrap();
+    let (s, view) = c.admin("GET", "/api/v1/cluster", None).await;
+    assert_eq!(s, 200, "{view}");
+    let dead_had = typed::<api::ClusterView>("the cluster", &view).applied_index;
     for _ in 0..30 {
         c.new_token(60).await;
     }
@@ -102,12 +105,12 @@ async fn kill_leader_then_follower_during_heartbeats_writes_resume_and_members_c
     c.start_member(follower);
     c.wait_ready().await;
     c.wait_converged().await;
-    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 4);
-    for n in v["nodes"].as_array().unwrap() {
+    let nodes = c.nodes("").await;
+    assert_eq!(nodes.len(), 4);
+    for n in &nodes {
         assert_eq!(
-            n["status"], "online",
-            "no node leaves online because the leader moved: {n}"
+            n.status, "online",
+            "no node leaves online because the leader moved: {n:?}"
         );
     }
 }
@@ -140,10 +143,7 @@ async fn a_whole_cluster_killed_keeps_every_acknowledged_write() {
         "the new credential survived kill -9"
     );
     let creds = c.credentials(&nid).await;
-    assert_eq!(
-        (creds["active"].as_u64(), creds["revoked"].as_u64()),
-        (Some(1), Some(1))
-    );
+    assert_eq!((creds.active, creds.revoked), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,11 +193,13 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
     })
     .await;
     assert_eq!(s, 201, "{second}");
-    assert_eq!(second["node_id"], first["node_id"]);
-    assert_ne!(second["credential"], first["credential"]);
-    let nid = first["node_id"].as_str().unwrap();
-    let first_cred = first["credential"].as_str().unwrap();
-    let second_cred = second["credential"].as_str().unwrap();
+    let first: EnrollResponse = typed("an enrolment", &first);
+    let second: EnrollResponse = typed("its retry", &second);
+    assert_eq!(second.node_id, first.node_id);
+    assert_ne!(second.credential, first.credential);
+    let nid = first.node_id.as_str();
+    let first_cred = first.credential.as_str();
+    let second_cred = second.credential.as_str();
     assert_eq!(
         c.heartbeat_all(nid, first_cred).await,
         vec![401, 401],
@@ -210,10 +212,8 @@ async fn a_claim_retried_after_an_unknown_outcome_lands_on_the_same_node() {
     // Once the credential was used, even the same identity cannot claim again.
     assert_eq!(c.heartbeat_all(nid, second_cred).await, vec![200, 200]);
     let (s, v) = call("POST", &enroll_at(other), None, Some(enroll(&key))).await;
-    assert_eq!(s, 401, "{v}");
-    assert_eq!(v["error"]["code"], "token_already_claimed");
-    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 1);
+    assert_eq!(refused(s, &v), (401, "token_already_claimed"), "{v}");
+    assert_eq!(c.nodes("").await.len(), 1);
 }
 
 /// How many argon2 verifies member `id` has run.
@@ -269,11 +269,7 @@ async fn a_new_leader_needs_no_argon2_for_credentials_the_old_leader_verified() 
     let url = format!("{}/api/v1/agent/nodes/{nid}/heartbeat", c.url(new_leader));
     for attempt in 1..=2u64 {
         let (s, v) = call("POST", &url, Some(&wrong), Some(json!({}))).await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (401, Some("invalid_credential")),
-            "{v}"
-        );
+        assert_eq!(refused(s, &v), (401, "invalid_credential"), "{v}");
         let now = argon2_verifies(&c, new_leader).await;
         assert_eq!(
             now,

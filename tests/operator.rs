@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use modelforge_proto::api;
 use serde_json::Value;
 use serde_json::json;
 
@@ -46,17 +47,12 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
 
     // The preview computes every effect and changes nothing.
     let path = format!("/api/v1/admin/hardware/nodes/{old_id}/decommission");
-    let (s, p1) = c.admin("POST", &format!("{path}/preview"), None).await;
-    assert_eq!(s, 200, "{p1}");
-    assert_eq!(
-        p1["effects"]["credentials_to_revoke"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(p1["effects"]["hostname_conflicts_resolved"], json!([]));
-    assert_eq!(c.node(&old_id).await["enabled"], true);
+    let p1: api::DecommissionPreviewView = c
+        .admin_as("POST", &format!("{path}/preview"), None, 200)
+        .await;
+    assert_eq!(p1.effects.credentials_to_revoke.len(), 1, "{p1:?}");
+    assert!(p1.effects.hostname_conflicts_resolved.is_empty(), "{p1:?}");
+    assert!(c.node(&old_id).await.summary.enabled);
 
     // The identity file is lost: the same hardware enrols as a new node under its hostname.
     let t2 = c.new_token(600).await;
@@ -65,30 +61,36 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
     b.start(Some(&t2));
     let (new_id, _) = b.wait_enrolled(None).await;
     assert_ne!(new_id, old_id);
-    assert_eq!(c.node(&old_id).await["hostname_conflicts"], json!([new_id]));
-    assert_eq!(c.node(&new_id).await["hostname_conflicts"], json!([old_id]));
+    assert_eq!(
+        texts(&c.node(&old_id).await.summary.hostname_conflicts),
+        vec![new_id.clone()]
+    );
+    assert_eq!(
+        texts(&c.node(&new_id).await.summary.hostname_conflicts),
+        vec![old_id.clone()]
+    );
 
     // The first preview is stale now: 409 with what changed, and nothing changed.
-    let body = json!({"preview_id": p1["preview_id"], "reason": "identity lost"});
+    let body = json!({"preview_id": p1.preview_id, "reason": "identity lost"});
     let (s, v) = c
         .admin("POST", &format!("{path}/execute"), Some(body))
         .await;
-    assert_eq!(s, 409, "{v}");
-    assert_eq!(v["error"]["code"], "preview_stale");
-    let msg = v["error"]["message"].as_str().unwrap();
+    assert_eq!(refused(s, &v), (409, "preview_stale"), "{v}");
+    let msg = error_body(s, &v).error.message;
     assert!(
         msg.contains("hostname_conflicts_resolved") && msg.contains(&new_id),
         "{msg}"
     );
-    assert_eq!(c.node(&old_id).await["enabled"], true);
-    assert_eq!(c.credentials(&old_id).await["active"], 1);
+    assert!(c.node(&old_id).await.summary.enabled);
+    assert_eq!(c.credentials(&old_id).await.active, 1);
 
     // A fresh preview, executed, with an Idempotency-Key: one replicated step.
-    let (s, p2) = c.admin("POST", &format!("{path}/preview"), None).await;
-    assert_eq!(s, 200, "{p2}");
+    let p2: api::DecommissionPreviewView = c
+        .admin_as("POST", &format!("{path}/preview"), None, 200)
+        .await;
     assert_eq!(
-        p2["effects"]["hostname_conflicts_resolved"],
-        json!([new_id])
+        texts(&p2.effects.hostname_conflicts_resolved),
+        vec![new_id.clone()]
     );
     let url = format!("{}{path}/execute", c.url(2));
     let headers = [
@@ -97,66 +99,38 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
         ("content-type", "application/json".to_string()),
     ];
     let hdrs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let body = json!({"preview_id": p2["preview_id"], "reason": "identity lost"}).to_string();
+    let body = json!({"preview_id": p2.preview_id, "reason": "identity lost"}).to_string();
     let (s, first) = raw("POST", &url, &hdrs, body.clone().into_bytes()).await;
     assert_eq!(s, 200, "{first}");
-    assert_eq!(first["status"], "decommissioned");
+    let done: api::Decommissioned = typed("decommission execute", &first);
+    assert_eq!(done.status, "decommissioned");
     // The same request retried (on another member): the same answer, applied once.
     let url3 = format!("{}{path}/execute", c.url(3));
     let (s, again) = raw("POST", &url3, &hdrs, body.into_bytes()).await;
     assert_eq!((s, &again), (200, &first));
     // A new request: a clear 409.
-    let body = json!({"preview_id": p2["preview_id"], "reason": "again"});
+    let body = json!({"preview_id": p2.preview_id, "reason": "again"});
     let (s, v) = c
         .admin("POST", &format!("{path}/execute"), Some(body))
         .await;
-    assert_eq!(
-        (s, v["error"]["code"].as_str()),
-        (409, Some("node_decommissioned"))
-    );
+    assert_eq!(refused(s, &v), (409, "node_decommissioned"));
     let (s, v) = c.admin("POST", &format!("{path}/preview"), None).await;
-    assert_eq!(
-        (s, v["error"]["code"].as_str()),
-        (409, Some("node_decommissioned"))
-    );
+    assert_eq!(refused(s, &v), (409, "node_decommissioned"));
 
     // Never deleted: the node stays, decommissioned, with its history; credentials revoked;
     // the conflict is cleared on both nodes and in the list.
     let node = c.node(&old_id).await;
-    assert_eq!(
-        (node["status"].as_str(), node["enabled"].as_bool()),
-        (Some("decommissioned"), Some(false))
-    );
-    assert!(
-        node["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["kind"] == "decommissioned")
-    );
-    assert_eq!(node["hostname_conflicts"], json!([]));
-    assert_eq!(c.node(&new_id).await["hostname_conflicts"], json!([]));
+    assert_eq!(node.summary.status, "decommissioned", "{node:?}");
+    assert!(!node.summary.enabled, "{node:?}");
+    assert!(node.history.iter().any(|e| e.kind == "decommissioned"));
+    assert!(node.summary.hostname_conflicts.is_empty());
+    assert!(c.node(&new_id).await.summary.hostname_conflicts.is_empty());
     let creds = c.credentials(&old_id).await;
-    assert_eq!(
-        (creds["active"].as_u64(), creds["revoked"].as_u64()),
-        (Some(0), Some(1))
-    );
-    let (_, v) = c
-        .admin(
-            "GET",
-            &format!(
-                "/api/v1/admin/hardware/nodes?hostname={}&enabled=true",
-                b.hostname
-            ),
-            None,
-        )
+    assert_eq!((creds.active, creds.revoked), (0, 1));
+    let listed = c
+        .nodes(&format!("?hostname={}&enabled=true", b.hostname))
         .await;
-    let ids: Vec<&str> = v["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["node_id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = listed.iter().map(|n| n.node_id.as_str()).collect();
     assert_eq!(ids, vec![new_id.as_str()]);
 
     // The old agent is told why and exits non-zero with one line.
@@ -175,33 +149,15 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
     let (code, line) = a.wait_exit().await;
     assert_eq!(code, 1, "{line}");
     assert!(line.contains("403 identity_decommissioned"), "{line}");
-    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+    assert_eq!(c.nodes("").await.len(), 2);
 
     // Both steps are audited, the stale attempt included, and the chain verifies.
-    let (_, v) = c
-        .admin(
-            "GET",
-            &format!("/api/v1/admin/audit?node_id={old_id}"),
-            None,
-        )
-        .await;
-    let seen: Vec<(String, String)> = v["events"]
-        .as_array()
-        .unwrap()
+    let page = c.audit(&format!("?node_id={old_id}")).await;
+    let seen: Vec<(String, String)> = page
+        .events
         .iter()
-        .filter(|e| {
-            e["action"]
-                .as_str()
-                .unwrap()
-                .starts_with("node.decommission")
-        })
-        .map(|e| {
-            (
-                e["action"].as_str().unwrap().into(),
-                e["result"].as_str().unwrap().into(),
-            )
-        })
+        .filter(|e| e.record.action.starts_with("node.decommission"))
+        .map(|e| (e.record.action.to_string(), e.record.result.to_string()))
         .collect();
     let want: Vec<(String, String)> = [
         ("node.decommission.preview", "ok"),
@@ -215,7 +171,7 @@ async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_e
     .map(|(a, r)| (a.to_string(), r.to_string()))
     .collect();
     assert_eq!(seen, want);
-    assert_eq!(v["chain_verified"], true);
+    assert!(page.chain_verified);
     c.wait_converged().await;
 }
 
@@ -269,11 +225,7 @@ async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
         ),
     ] {
         let (s, v) = c.admin("POST", &path, Some(body)).await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (status, Some(code)),
-            "{path}: {v}"
-        );
+        assert_eq!(refused(s, &v), (status, code), "{path}: {v}");
         assert!(is_error_shape(&v));
     }
     let (s, _) = call("POST", &format!("{}{base}/preview", c.url(1)), None, None).await;
@@ -295,7 +247,8 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     assert!(token.starts_with("mfet_"));
     let (code, v) = admin_json(&urls, &["enrollments", "list"]).await;
     assert_eq!(code, 0);
-    assert_eq!(v["enrollments"][0]["state"], "pending");
+    let list: api::Enrollments = typed("enrollments list", &v);
+    assert_eq!(list.enrollments[0].state, "pending", "{v}");
     assert!(!v.to_string().contains(&token));
     let mut a = Agent::new(c.root(), "a", c.urls());
     a.start(Some(&token));
@@ -319,12 +272,15 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     .await;
     assert_eq!((code, out.trim()), (0, nid.as_str()));
     let (code, v) = admin_json(&urls, &["nodes", "show", &nid]).await;
-    assert_eq!((code, v["node_id"].as_str()), (0, Some(nid.as_str())));
+    assert_eq!(code, 0, "{v}");
+    let shown: api::NodeDetail = typed("nodes show", &v);
+    assert_eq!(shown.summary.node_id.as_str(), nid);
     let (code, v) = admin_json(&urls, &["nodes", "credentials", &nid]).await;
-    assert_eq!((code, v["active"].as_u64()), (0, Some(1)));
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(typed::<api::Credentials>("nodes credentials", &v).active, 1);
     let (code, v) = admin_json(&urls, &["cluster"]).await;
     assert_eq!(code, 0);
-    assert_eq!(v["members"].as_array().unwrap().len(), 3);
+    assert_eq!(typed::<api::ClusterView>("cluster", &v).members.len(), 3);
 
     // Refused by the server: exit 1, one line on stderr with the server's code.
     let (code, out, err) = admin_cli(&urls, &["nodes", "show", "no-such-node"]).await;
@@ -354,14 +310,12 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     // Cancel a token; revoke a credential.
     let (_, t2, _) = admin_cli(&urls, &["enrollments", "create", "-q"]).await;
     let (_, v) = admin_json(&urls, &["enrollments", "list"]).await;
-    let eid = v["enrollments"]
-        .as_array()
-        .unwrap()
+    let eid = typed::<api::Enrollments>("enrollments list", &v)
+        .enrollments
         .iter()
-        .find(|r| r["state"] == "pending")
-        .unwrap()["enrollment_id"]
-        .as_str()
+        .find(|r| r.state == "pending")
         .unwrap()
+        .enrollment_id
         .to_string();
     assert!(t2.contains(&eid));
     let (code, _, err) = admin_cli(&urls, &["enrollments", "cancel", &eid]).await;
@@ -399,11 +353,9 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     let (code, _, err) = admin_cli(&urls, without_yes).await;
     assert_eq!(code, 2, "{err}");
     let (code, v) = admin_json(&urls, &execute).await;
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("decommissioned")),
-        "{v}"
-    );
+    assert_eq!(code, 0, "{v}");
+    let done: api::Decommissioned = typed("decommission execute", &v);
+    assert_eq!(done.status, "decommissioned", "{v}");
     // Retried by a script (same preview, so the same key): the first answer.
     let (code, again) = admin_json(&urls, &execute).await;
     assert_eq!((code, &again), (0, &v));
@@ -411,6 +363,7 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     // Audit: list by node, export, verify live and from the file.
     let (code, v) = admin_json(&urls, &["audit", "list", "--node-id", &nid]).await;
     assert_eq!(code, 0);
+    let page: api::AuditPage = typed("audit list --node-id", &v);
     // Filtered by time: an offset time is passed intact; nothing happened in the future.
     let (code, all) = admin_json(
         &urls,
@@ -418,22 +371,16 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     )
     .await;
     assert_eq!(code, 0, "{all}");
-    assert!(all["events"].as_array().unwrap().len() > v["events"].as_array().unwrap().len());
+    let all: api::AuditPage = typed("audit list --since 2000", &all);
+    assert!(all.events.len() > page.events.len());
     let (code, none) =
         admin_json(&urls, &["audit", "list", "--since", "2999-01-01T00:00:00Z"]).await;
-    assert_eq!(
-        (code, none["events"].as_array().map(|e| e.len())),
-        (0, Some(0))
-    );
+    assert_eq!(code, 0, "{none}");
+    let none: api::AuditPage = typed("audit list --since 2999", &none);
+    assert_eq!(none.events.len(), 0);
     let (code, _, _) = admin_cli(&urls, &["audit", "list", "--since", "yesterday"]).await;
     assert_eq!(code, 2);
-    assert!(
-        v["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|e| e["target"] == nid.as_str())
-    );
+    assert!(page.events.iter().all(|e| e.record.target == nid));
     let (code, out, _) = admin_cli(&urls, &["audit", "verify"]).await;
     assert_eq!(code, 0, "{out}");
     let (code, head, _) = admin_cli(&urls, &["audit", "verify", "-q"]).await;
@@ -462,7 +409,8 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     let text = std::fs::read_to_string(&export).unwrap();
     assert!(!text.contains(&token), "no token in the audit export");
 
-    // Tampering with the export is detected: an edited event, a dropped event, a cut tail.
+    // Tampering with the export is detected: an edited event, a dropped event, a cut tail. The
+    // export is a file handed to the verifier: it is edited as raw JSON, by key, on purpose.
     let doc: Value = serde_json::from_str(&text).unwrap();
     let write = |name: &str, d: &Value| {
         let p = c.root().join(name);
@@ -508,6 +456,8 @@ async fn the_doctor_names_each_runbook_case() {
     let (aid, _) = a.wait_enrolled(None).await;
     let (bid, bcred) = b.wait_enrolled(None).await;
 
+    // The doctor's `--output json` report is the CLI's own document (built in
+    // src/admin_cli/doctor.rs), not an API answer, and proto has no type for it: read by key.
     // Healthy: exit 0 (waiting for the first heartbeats to be seen).
     let (code, v) = admin_json(&urls, &["doctor", &aid, "--wait", "20s"]).await;
     assert_eq!((code, v["verdict"].as_str()), (0, Some("healthy")), "{v}");
@@ -605,12 +555,11 @@ async fn decommission_execute_asks_on_a_terminal() {
     let (code, out) = on_terminal("no\n").await;
     assert_eq!(code, 4, "{out}");
     assert!(out.contains("Type 'yes'"), "{out}");
-    assert_eq!(
-        c.node(&nid).await["enabled"],
-        true,
+    assert!(
+        c.node(&nid).await.summary.enabled,
         "declined: nothing changed"
     );
     let (code, out) = on_terminal("yes\n").await;
     assert_eq!(code, 0, "{out}");
-    assert_eq!(c.node(&nid).await["status"], "decommissioned");
+    assert_eq!(c.node(&nid).await.summary.status, "decommissioned");
 }

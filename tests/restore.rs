@@ -8,6 +8,7 @@ use std::path::Path;
 use std::path::PathBuf;
 
 use common::*;
+use modelforge_proto::api;
 
 /// `modelforge restore ...`: (exit code, stdout + stderr).
 fn restore(from: &Path, data_dir: &Path, journals: &[PathBuf]) -> (i32, String) {
@@ -72,7 +73,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     std::fs::write(&file, &backup).unwrap();
     let audit = c.audit_events().await;
     assert!(
-        audit.iter().any(|e| e["action"] == "cluster.backup"),
+        audit.iter().any(|e| e.record.action == "cluster.backup"),
         "the backup is audited: {audit:?}"
     );
 
@@ -135,7 +136,8 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
                 None,
             )
             .await;
-            (s == 200 && v["status"] == "online").then_some(())
+            (s == 200 && typed::<api::NodeDetail>("a node", &v).summary.status == "online")
+                .then_some(())
         }
     })
     .await;
@@ -144,7 +146,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     assert_eq!(c.heartbeat_all(&b_id, &b_cred).await, vec![401, 401, 401]);
     assert_eq!(c.heartbeat_all(&c_id, &c_cred).await, vec![401, 401, 401]);
     let creds = c.credentials(&b_id).await;
-    assert_eq!(creds["active"], 0, "{creds}");
+    assert_eq!(creds.active, 0, "{creds:?}");
     // C's token was spent after the backup: nobody can claim it again.
     let mut thief = Agent::new(c.root(), "thief", c.urls());
     thief.start(Some(&t_c));
@@ -216,7 +218,8 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
             None,
         )
         .await;
-        (s == 200 && v["term"].as_u64().unwrap_or(0) > term + 2).then_some(())
+        (s == 200 && typed::<api::ClusterView>("the old member's view", &v).term > term + 2)
+            .then_some(())
     })
     .await;
     // (The agents keep the state moving, so compare terms, not digests.)

@@ -9,8 +9,12 @@ use modelforge::server::ServeConfig;
 use modelforge::server::Shutdown;
 use modelforge::server::Stopped;
 use modelforge::server::serve_on;
+use modelforge_proto::api::Enrollments;
 use modelforge_proto::api::ErrorCode;
 use modelforge_proto::api::StateDigest;
+use modelforge_proto::api::TokenIssued;
+use modelforge_proto::wire::ErrorBody;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_json::json;
 
@@ -75,6 +79,16 @@ async fn call(
     }
 }
 
+/// An answer read as its endpoint's type; one that does not decode panics with the body.
+fn typed<T: DeserializeOwned>(what: &str, v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{what}: the answer is not a {} ({e}): {v}",
+            std::any::type_name::<T>()
+        )
+    })
+}
+
 /// The request is refused with `code`, its status from the one table, and the contract's body.
 async fn refused(
     m: &Member,
@@ -85,17 +99,13 @@ async fn refused(
     code: ErrorCode,
 ) {
     let (s, v) = call(&m.url, method, path, bearer, body).await;
+    let e: ErrorBody = typed(&format!("{method} {path} answered {s}"), &v);
     assert_eq!(
-        (s, v["error"]["code"].as_str()),
-        (code.status(), Some(code.as_str())),
+        (s, e.error.code.as_str()),
+        (code.status(), code.as_str()),
         "{method} {path}: {v}"
     );
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{v}"
-    );
+    assert!(!e.error.message.is_empty(), "{v}");
 }
 
 /// The member's state digest.
@@ -108,7 +118,7 @@ async fn digest(base: &str) -> String {
         None,
     )
     .await;
-    serde_json::from_value::<StateDigest>(v).unwrap().digest
+    typed::<StateDigest>("the state digest", &v).digest
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +285,9 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
     )
     .await;
     assert_eq!(s, 201, "{v}");
-    let id = v["enrollment_id"].as_str().unwrap().to_string();
+    let id = typed::<TokenIssued>("a new enrolment token", &v)
+        .enrollment_id
+        .to_string();
 
     let url = m.url.clone();
     m.stop.trigger();
@@ -310,11 +322,8 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
     )
     .await;
     assert_eq!(s, 200, "{v}");
-    let listed = v["enrollments"].as_array().unwrap();
-    assert!(
-        listed.iter().any(|e| e["enrollment_id"] == id.as_str()),
-        "{v}"
-    );
+    let listed = typed::<Enrollments>("enrollments", &v).enrollments;
+    assert!(listed.iter().any(|e| e.enrollment_id.as_str() == id), "{v}");
     again.stop.trigger();
     again.task.await.unwrap().unwrap();
 }

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use modelforge_proto::api;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,25 +16,27 @@ async fn fresh_enrolment_then_heartbeats_on_every_member() {
     assert!(cred.starts_with("mfnc_"));
     assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![200, 200, 200]);
     let node = c.node(&nid).await;
-    assert_eq!(node["hostname"], "host-a");
-    assert_eq!(node["accelerators"].as_array().unwrap().len(), 2);
-    assert_eq!(node["enabled"], true);
+    assert_eq!(node.summary.hostname, "host-a");
+    assert_eq!(node.summary.accelerators.len(), 2);
+    assert!(node.summary.enabled);
     wait_until("the node shows online", WAIT, || {
         let mut c2 = c.urls();
         let u = c2.remove(0);
         let nid = nid.clone();
         async move {
-            let (_, v) = call(
+            let (s, v) = call(
                 "GET",
                 &format!("{u}/api/v1/admin/hardware/nodes/{nid}"),
                 Some(ADMIN),
                 None,
             )
             .await;
-            (v["status"] == "online"
-                && v["telemetry"]["accelerators"]
-                    .as_array()
-                    .is_some_and(|a| a.len() == 2))
+            if s != 200 {
+                return None;
+            }
+            let node: api::NodeDetail = typed("a node", &v);
+            (node.summary.status == "online"
+                && telemetry(&node).is_some_and(|t| t.accelerators.len() == 2))
             .then_some(())
         }
     })
@@ -47,22 +50,23 @@ async fn fresh_enrolment_then_heartbeats_on_every_member() {
         & 0o777;
     assert_eq!(mode, 0o600);
     // The token shows as claimed by this node, and the audit trail has the enrolment.
-    let (_, v) = c.admin("GET", "/api/v1/admin/node-enrollments", None).await;
-    let row = &v["enrollments"][0];
-    assert_eq!(row["state"], "claimed");
-    assert_eq!(row["claimed_node_id"], nid.as_str());
-    assert!(!v.to_string().contains(&token));
-    let (_, v) = c
-        .admin("GET", &format!("/api/v1/admin/audit?node_id={nid}"), None)
-        .await;
-    assert!(
-        v["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["action"] == "node.enroll" && e["result"] == "ok")
+    let (s, v) = c.admin("GET", "/api/v1/admin/node-enrollments", None).await;
+    assert_eq!(s, 200, "{v}");
+    let list: api::Enrollments = typed("enrollments", &v);
+    let row = &list.enrollments[0];
+    assert_eq!(row.state, "claimed");
+    assert_eq!(
+        row.claimed_node_id.as_ref().map(ToString::to_string),
+        Some(nid.clone())
     );
-    assert_eq!(v["chain_verified"], true);
+    assert!(!v.to_string().contains(&token));
+    let page = c.audit(&format!("?node_id={nid}")).await;
+    assert!(
+        page.events
+            .iter()
+            .any(|e| e.record.action == "node.enroll" && e.record.result == "ok")
+    );
+    assert!(page.chain_verified);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +77,7 @@ async fn credential_lost_reenrols_onto_the_same_node() {
     a.start(Some(&t1));
     let (nid, old) = a.wait_enrolled(None).await;
     assert_eq!(c.heartbeat_all(&nid, &old).await, vec![200, 200, 200]);
-    let history_before = c.node(&nid).await["history"].as_array().unwrap().len();
+    let history_before = c.node(&nid).await.history.len();
     a.stop();
     std::fs::remove_file(a.state_dir.join("credential")).unwrap();
     let t2 = c.new_token(600).await;
@@ -82,25 +86,16 @@ async fn credential_lost_reenrols_onto_the_same_node() {
     assert_eq!(nid2, nid, "same node id from the persisted identity");
     assert_ne!(new, old);
     let creds = c.credentials(&nid).await;
-    assert_eq!(
-        (creds["active"].as_u64(), creds["revoked"].as_u64()),
-        (Some(1), Some(1)),
-        "{creds}"
-    );
+    assert_eq!((creds.active, creds.revoked), (1, 1), "{creds:?}");
     assert_eq!(c.heartbeat_all(&nid, &old).await, vec![401, 401, 401]);
     assert_eq!(c.heartbeat_all(&nid, &new).await, vec![200, 200, 200]);
     let node = c.node(&nid).await;
-    assert_eq!(
-        node["accelerators"].as_array().unwrap().len(),
-        2,
-        "accelerators intact"
-    );
+    assert_eq!(node.summary.accelerators.len(), 2, "accelerators intact");
     assert!(
-        node["history"].as_array().unwrap().len() > history_before,
+        node.history.len() > history_before,
         "history kept and extended"
     );
-    let (_, nodes) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
-    assert_eq!(nodes["nodes"].as_array().unwrap().len(), 1);
+    assert_eq!(c.nodes("").await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,19 +106,11 @@ async fn credential_stolen_revoke_then_reenrol_and_the_copy_stays_refused() {
     a.start(Some(&t1));
     let (nid, stolen) = a.wait_enrolled(None).await;
     assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![200, 200, 200]);
-    let v = c.revoke(&nid).await;
-    assert_eq!(v["revoked"].as_array().unwrap().len(), 1);
+    assert_eq!(c.revoke(&nid).await.revoked.len(), 1);
     // Revocation is linearizable: right after the 200, every member refuses.
     assert_eq!(c.heartbeat_all(&nid, &stolen).await, vec![401, 401, 401]);
     // A retry of the revoke is safe.
-    let (s, v) = c
-        .admin(
-            "DELETE",
-            &format!("/api/v1/admin/hardware/nodes/{nid}/credential"),
-            None,
-        )
-        .await;
-    assert_eq!((s, v["revoked"].as_array().unwrap().len()), (200, 0));
+    assert_eq!(c.revoke(&nid).await.revoked.len(), 0);
     // The running agent's token is spent, so it stops with a one-line reason.
     let (code, line) = a.wait_exit().await;
     assert_eq!(code, 1, "{line}");
@@ -147,7 +134,7 @@ async fn credential_stolen_revoke_then_reenrol_and_the_copy_stays_refused() {
         "the stolen copy stays refused"
     );
     let node = c.node(&nid).await;
-    assert_eq!(node["last_refusal"]["status"], 401);
+    assert_eq!(node.last_refusal.map(|r| r.status), Some(401));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +150,11 @@ async fn another_nodes_credential_gets_403_and_shows_on_the_node() {
     assert_ne!(na, nb);
     assert_eq!(c.heartbeat_all(&nb, &ca).await, vec![403, 403, 403]);
     let node_b = c.node(&nb).await;
-    assert_eq!(node_b["last_refusal"]["status"], 403, "{node_b}");
+    assert_eq!(
+        node_b.last_refusal.as_ref().map(|r| r.status),
+        Some(403),
+        "{node_b:?}"
+    );
     // An unknown node id with a valid credential: 403, not 404 (no existence leak).
     let url = format!(
         "{}/api/v1/agent/nodes/00000000-0000-4000-8000-000000000000/heartbeat",
@@ -189,32 +180,23 @@ async fn identity_lost_enrols_a_new_node_and_the_hostname_conflict_shows() {
         "a wiped identity cannot be told apart from new hardware"
     );
     let node = c.node(&new_id).await;
-    assert_eq!(node["hostname_conflicts"], json!([old_id]));
+    assert_eq!(
+        texts(&node.summary.hostname_conflicts),
+        vec![old_id.clone()]
+    );
     let node = c.node(&old_id).await;
-    assert_eq!(node["hostname_conflicts"], json!([new_id]));
+    assert_eq!(
+        texts(&node.summary.hostname_conflicts),
+        vec![new_id.clone()]
+    );
     // "Which enabled nodes claim hostname H": both, until the old one is decommissioned.
-    let v = c
-        .admin_expect(
-            "GET",
-            "/api/v1/admin/hardware/nodes?hostname=host-a&enabled=true",
-            None,
-            200,
-        )
-        .await;
-    let mut ids: Vec<&str> = v["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["node_id"].as_str().unwrap())
-        .collect();
+    let listed = c.nodes("?hostname=host-a&enabled=true").await;
+    let mut ids: Vec<&str> = listed.iter().map(|n| n.node_id.as_str()).collect();
     ids.sort();
     let mut want = vec![old_id.as_str(), new_id.as_str()];
     want.sort();
     assert_eq!(ids, want);
-    let (s, v) = c
-        .admin("GET", "/api/v1/admin/hardware/nodes?hostname=nobody", None)
-        .await;
-    assert_eq!((s, v["nodes"].as_array().unwrap().len()), (200, 0));
+    assert_eq!(c.nodes("?hostname=nobody").await.len(), 0);
     let (s, v) = c
         .admin("GET", "/api/v1/admin/hardware/nodes?colour=red", None)
         .await;
@@ -258,38 +240,40 @@ async fn two_identities_racing_on_one_token_mint_exactly_one_node() {
             "{line}"
         );
     }
-    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 1);
+    assert_eq!(c.nodes("").await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_and_cancelled_tokens_are_refused() {
     let mut c = Cluster::start(3).await;
-    let (s, v) = c
-        .admin(
+    let issued: api::TokenIssued = c
+        .admin_as(
             "POST",
             "/api/v1/admin/node-enrollments",
             Some(json!({"ttl_seconds": 1})),
+            201,
         )
         .await;
-    assert_eq!(s, 201);
-    let short = v["token"].as_str().unwrap().to_string();
-    let eid = v["enrollment_id"].as_str().unwrap().to_string();
+    let short = issued.token;
+    let eid = issued.enrollment_id.to_string();
     wait_until("the token to show expired", WAIT, || {
         let u = c.url(1);
         let eid = eid.clone();
         async move {
-            let (_, v) = call(
+            let (s, v) = call(
                 "GET",
                 &format!("{u}/api/v1/admin/node-enrollments"),
                 Some(ADMIN),
                 None,
             )
             .await;
-            v["enrollments"]
-                .as_array()?
+            if s != 200 {
+                return None;
+            }
+            typed::<api::Enrollments>("enrollments", &v)
+                .enrollments
                 .iter()
-                .any(|r| r["enrollment_id"] == eid.as_str() && r["state"] == "expired")
+                .any(|r| r.enrollment_id.as_str() == eid && r.state == "expired")
                 .then_some(())
         }
     })
@@ -303,17 +287,17 @@ async fn expired_and_cancelled_tokens_are_refused() {
         "{line}"
     );
 
-    let (s, v) = c
-        .admin(
+    let issued: api::TokenIssued = c
+        .admin_as(
             "POST",
             "/api/v1/admin/node-enrollments",
             Some(json!({"ttl_seconds": 600})),
+            201,
         )
         .await;
-    assert_eq!(s, 201);
-    let cancelled = v["token"].as_str().unwrap().to_string();
-    let eid = v["enrollment_id"].as_str().unwrap();
-    c.admin_expect(
+    let cancelled = issued.token;
+    let eid = issued.enrollment_id;
+    c.admin_as::<api::EnrollmentCancelled>(
         "DELETE",
         &format!("/api/v1/admin/node-enrollments/{eid}"),
         None,
@@ -327,8 +311,7 @@ async fn expired_and_cancelled_tokens_are_refused() {
         line.contains("401") && line.contains("token_cancelled"),
         "{line}"
     );
-    let (_, v) = c.admin("GET", "/api/v1/admin/hardware/nodes", None).await;
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 0);
+    assert_eq!(c.nodes("").await.len(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

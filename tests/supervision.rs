@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use modelforge_proto::api;
 use serde_json::json;
 
 /// Thresholds with margins a loaded 2-core machine cannot eat: agents heartbeat every 300 ms,
@@ -23,7 +23,7 @@ const FAST: &[&str] = &[
 /// test must be over before the agents it stopped at the failover go stale.
 const FAILOVER_STALE_AFTER_S: u64 = 12;
 
-async fn status(c: &Cluster, nid: &str) -> Option<Value> {
+async fn status(c: &Cluster, nid: &str) -> Option<api::NodeDetail> {
     for u in c.urls() {
         let (s, v) = call(
             "GET",
@@ -33,31 +33,24 @@ async fn status(c: &Cluster, nid: &str) -> Option<Value> {
         )
         .await;
         if s == 200 {
-            return Some(v);
+            return Some(typed("a node", &v));
         }
     }
     None
 }
 
-async fn wait_status(c: &Cluster, nid: &str, want: &str) -> Value {
+async fn wait_status(c: &Cluster, nid: &str, want: &str) -> api::NodeDetail {
     wait_until(&format!("node {nid} to be {want}"), WAIT, || async {
-        status(c, nid).await.filter(|v| v["status"] == want)
+        status(c, nid).await.filter(|v| v.summary.status == want)
     })
     .await
 }
 
-fn history_kinds(v: &Value, kind: &str) -> Vec<(String, u64)> {
-    v["history"]
-        .as_array()
-        .unwrap()
+fn history_kinds(v: &api::NodeDetail, kind: &str) -> Vec<(String, u64)> {
+    v.history
         .iter()
-        .filter(|e| e["kind"] == kind)
-        .map(|e| {
-            (
-                e["detail"].as_str().unwrap_or("").to_string(),
-                e["count"].as_u64().unwrap_or(0),
-            )
-        })
+        .filter(|e| e.kind == kind)
+        .map(|e| (e.detail.to_string(), u64::from(e.count)))
         .collect()
 }
 
@@ -70,11 +63,17 @@ async fn a_stopped_agent_goes_stale_then_offline_and_back_online() {
     let v = wait_until("node online with its first telemetry", WAIT, || async {
         status(&c, &nid)
             .await
-            .filter(|v| v["status"] == "online" && !v["telemetry"].is_null())
+            .filter(|v| v.summary.status == "online" && !v.telemetry.is_null())
     })
     .await;
-    assert_eq!(v["accelerators_verified"], true, "{v}");
-    assert_eq!(v["telemetry"]["accelerators"].as_array().unwrap().len(), 2);
+    assert!(v.summary.accelerators_verified, "{v:?}");
+    assert_eq!(
+        telemetry(&v)
+            .expect("the node's first telemetry")
+            .accelerators
+            .len(),
+        2
+    );
     a.stop();
     wait_status(&c, &nid, "stale").await;
     wait_status(&c, &nid, "offline").await;
@@ -104,16 +103,16 @@ async fn a_stopped_agent_goes_stale_then_offline_and_back_online() {
     })
     .await;
     // The telemetry ring holds recent samples.
-    let (s, ring) = c
-        .admin(
+    let ring: api::TelemetrySamples = c
+        .admin_as(
             "GET",
             &format!("/api/v1/admin/hardware/nodes/{nid}/telemetry"),
             None,
+            200,
         )
         .await;
-    assert_eq!(s, 200);
-    assert!(!ring["samples"].as_array().unwrap().is_empty(), "{ring}");
-    assert_eq!(v["node_id"], nid.as_str());
+    assert!(!ring.samples.is_empty(), "{ring:?}");
+    assert_eq!(v.summary.node_id.as_str(), nid);
 }
 
 /// A failover alone never marks a node down: 15 agents heartbeat through it, 5 stop just
@@ -145,20 +144,17 @@ async fn killing_the_leader_leaves_every_node_online_heartbeating_or_just_stoppe
     for a in &agents {
         ids.push(a.wait_enrolled(None).await.0);
     }
-    let all_online = |v: &Value| {
-        v["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 20 && n.iter().all(|x| x["status"] == "online"))
-    };
+    let all_online =
+        |v: &api::Nodes| v.nodes.len() == 20 && v.nodes.iter().all(|x| x.status == "online");
     wait_until("all 20 nodes online", WAIT, || async {
-        let (_, v) = call(
+        let (s, v) = call(
             "GET",
             &format!("{}/api/v1/admin/hardware/nodes", c.url(1)),
             Some(ADMIN),
             None,
         )
         .await;
-        all_online(&v).then_some(())
+        (s == 200 && all_online(&typed("nodes", &v))).then_some(())
     })
     .await;
     // The new leader rebuilds its view from the replicated state, where a node's last use is
@@ -169,9 +165,9 @@ async fn killing_the_leader_leaves_every_node_online_heartbeating_or_just_stoppe
     // reach the new leader too soon after the change to show that.
     let mut last_use = std::time::SystemTime::UNIX_EPOCH;
     for nid in &ids {
-        for cred in c.credentials(nid).await["credentials"].as_array().unwrap() {
-            if let Some(at) = cred["last_used_at"].as_str() {
-                last_use = last_use.max(humantime::parse_rfc3339(at).unwrap());
+        for cred in c.credentials(nid).await.credentials {
+            if let Some(at) = cred.last_used_at {
+                last_use = last_use.max(humantime::parse_rfc3339(&at).unwrap());
             }
         }
     }
@@ -203,18 +199,18 @@ async fn killing_the_leader_leaves_every_node_online_heartbeating_or_just_stoppe
         .await;
         if s == 200 {
             answers += 1;
-            for n in v["nodes"].as_array().unwrap() {
+            let listed: api::Nodes = typed("nodes", &v);
+            for n in &listed.nodes {
                 assert_eq!(
-                    n["status"], "online",
-                    "a node flapped after the leader moved: {n}"
+                    n.status, "online",
+                    "a node flapped after the leader moved: {n:?}"
                 );
             }
-            verified_again = v["nodes"]
-                .as_array()
-                .unwrap()
+            verified_again = listed
+                .nodes
                 .iter()
-                .filter(|n| ids[..15].iter().any(|i| n["node_id"] == i.as_str()))
-                .all(|n| n["accelerators_verified"] == true);
+                .filter(|n| ids[..15].iter().any(|i| n.node_id.as_str() == i))
+                .all(|n| n.accelerators_verified);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
@@ -247,8 +243,8 @@ async fn a_gpu_removed_from_the_fixture_shows_in_the_nodes_history() {
     a.start(Some(&t));
     let (nid, _) = a.wait_enrolled(None).await;
     let v = c.node(&nid).await;
-    assert_eq!(v["accelerators"].as_array().unwrap().len(), 2);
-    assert_eq!(v["driver_version"], "550.54.15");
+    assert_eq!(v.summary.accelerators.len(), 2);
+    assert_eq!(v.summary.driver_version.as_deref(), Some("550.54.15"));
     std::fs::write(&fixture, json!({"accelerators": [gpu("GPU-aaaa", 0)], "driver_version": "550.54.15", "cuda_version": "12.4"}).to_string()).unwrap();
     let v = wait_until("the removed GPU in history", WAIT, || {
         let c = &c;
@@ -262,9 +258,10 @@ async fn a_gpu_removed_from_the_fixture_shows_in_the_nodes_history() {
         }
     })
     .await;
-    assert_eq!(v["accelerators"].as_array().unwrap().len(), 1);
+    assert_eq!(v.summary.accelerators.len(), 1);
     assert_eq!(
-        v["telemetry"]["accelerators"][0]["utilization_pct"], 12.5,
+        telemetry(&v).expect("the node's telemetry").accelerators[0].utilization_pct,
+        Some(12.5),
         "fixture telemetry values are reported"
     );
 }
@@ -308,7 +305,7 @@ async fn a_revoked_agent_that_keeps_heartbeating_shows_its_401s_without_a_write_
         }
     })
     .await;
-    assert_eq!(v["last_refusal"]["status"], 401);
+    assert_eq!(v.last_refusal.map(|r| r.status), Some(401));
     let after = c.digest(leader).await.unwrap().1;
     // At most one events write a second (plus one at each end), and the node's own status
     // transitions (stale, offline) since its agent stopped.
@@ -339,11 +336,11 @@ async fn a_telemetry_budget_of_zero_keeps_only_each_nodes_latest_sample() {
         );
         let (s, v) = call("GET", &url, Some(ADMIN), None).await;
         assert_eq!(s, 200, "{v}");
-        let samples = v["samples"].as_array().unwrap();
+        let samples = typed::<api::TelemetrySamples>("telemetry samples", &v).samples;
         match (samples.as_slice(), latest.last()) {
             ([], None) => {}
             ([one], _) => {
-                let at = one["at"].as_str().unwrap().to_string();
+                let at = one.at.clone();
                 if let Some(prev) = latest.last() {
                     assert!(*prev <= at, "an older sample replaced a newer one: {v}");
                 }

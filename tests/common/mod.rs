@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use modelforge_devkit as devkit;
 use modelforge_devkit::Proc;
+use modelforge_proto::api;
 use modelforge_proto::api::ClusterView;
+use modelforge_proto::api::ErrorCode;
+use modelforge_proto::wire::ErrorBody;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_json::json;
 
@@ -110,8 +114,57 @@ async fn answer(r: reqwest::RequestBuilder) -> (u16, Value) {
     }
 }
 
+/// Whether `v` is the contract's error shape, `{"error": {"code": "...", "message": "..."}}`:
+/// the raw wire shape is what is under test here, so it is read by key.
 pub fn is_error_shape(v: &Value) -> bool {
     v["error"]["code"].is_string() && v["error"]["message"].is_string()
+}
+
+/// An answer read as its endpoint's type from `modelforge_proto::api` (or `wire`). A body that
+/// does not decode (a drifted field, a refusal where an answer was expected) panics with `what`
+/// and the body.
+pub fn typed<T: DeserializeOwned>(what: &str, v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{what}: the answer is not a {} ({e}): {v}",
+            std::any::type_name::<T>()
+        )
+    })
+}
+
+/// The contract's error body of a refusal answered `status` (panics, with both, on any other
+/// body).
+pub fn error_body(status: u16, v: &Value) -> ErrorBody {
+    typed(&format!("a refusal answered {status}"), v)
+}
+
+/// (status, code) of a refusal: the code is one of the table's (`api::ErrorCode`). Panics, with
+/// the status and the body, when the body is not the contract's error body or names a code
+/// the table does not have.
+pub fn refused(status: u16, v: &Value) -> (u16, &'static str) {
+    let b = error_body(status, v);
+    let code = ErrorCode::parse(b.error.code.as_str()).unwrap_or_else(|| {
+        panic!("a refusal answered {status} names a code the table does not have: {v}")
+    });
+    (status, code.as_str())
+}
+
+/// Items as text (ids held as `String` or as an id type: both display as the id), to compare
+/// with the ids a test holds.
+pub fn texts<T: std::fmt::Display>(items: &[T]) -> Vec<String> {
+    items.iter().map(ToString::to_string).collect()
+}
+
+/// Whether a node's history holds an event of `kind` whose detail contains `detail`.
+pub fn has_event(node: &api::NodeDetail, kind: &str, detail: &str) -> bool {
+    node.history
+        .iter()
+        .any(|e| e.kind == kind && e.detail.contains(detail))
+}
+
+/// A node's latest telemetry as the heartbeat carried it (`None` before the first one).
+pub fn telemetry(node: &api::NodeDetail) -> Option<modelforge_proto::wire::Telemetry> {
+    (!node.telemetry.is_null()).then(|| typed("a node's telemetry", &node.telemetry))
 }
 
 /// Poll `f` until it returns `Some`, or panic with `what` after `timeout`.
@@ -350,10 +403,22 @@ impl Cluster {
     }
 
     /// The audit trail's events (from the first live member that answers).
-    pub async fn audit_events(&mut self) -> Vec<Value> {
-        let (s, v) = self.admin("GET", "/api/v1/admin/audit", None).await;
-        assert_eq!(s, 200, "{v}");
-        v["events"].as_array().cloned().unwrap_or_default()
+    pub async fn audit_events(&mut self) -> Vec<api::AuditEventView> {
+        self.audit("").await.events
+    }
+
+    /// `GET /api/v1/admin/audit<query>` (asserting 200).
+    pub async fn audit(&mut self, query: &str) -> api::AuditPage {
+        self.admin_as("GET", &format!("/api/v1/admin/audit{query}"), None, 200)
+            .await
+    }
+
+    /// `GET /api/v1/admin/hardware/nodes<query>` (asserting 200): the nodes listed.
+    pub async fn nodes(&mut self, query: &str) -> Vec<api::NodeSummary> {
+        let path = format!("/api/v1/admin/hardware/nodes{query}");
+        self.admin_as::<api::Nodes>("GET", &path, None, 200)
+            .await
+            .nodes
     }
 
     /// An admin call on the first live member that answers.
@@ -374,17 +439,17 @@ impl Cluster {
         last
     }
 
-    /// An admin request that must be answered `status`: its body.
-    pub async fn admin_expect(
+    /// An admin request that must be answered `status`: its answer, as the endpoint's type.
+    pub async fn admin_as<T: DeserializeOwned>(
         &mut self,
         method: &str,
         path: &str,
         body: Option<Value>,
         status: u16,
-    ) -> Value {
+    ) -> T {
         let (s, v) = self.admin(method, path, body).await;
         assert_eq!(s, status, "{method} {path}: {v}");
-        v
+        typed(&format!("{method} {path}"), &v)
     }
 
     /// An admin read, retried while no member can serve it consistently (a failover: the
@@ -400,6 +465,14 @@ impl Cluster {
         }
     }
 
+    /// An admin read (retried across a failover, as [`Cluster::admin_read`]) that must be
+    /// answered 200: its answer, as the endpoint's type.
+    pub async fn read_as<T: DeserializeOwned>(&mut self, path: &str) -> T {
+        let (s, v) = self.admin_read(path).await;
+        assert_eq!(s, 200, "GET {path}: {v}");
+        typed(&format!("GET {path}"), &v)
+    }
+
     /// One agent named `name`, enrolled with a token of its own: the agent, its node id and
     /// its credential.
     pub async fn enrol_one(&mut self, name: &str) -> (Agent, String, String) {
@@ -411,9 +484,9 @@ impl Cluster {
     }
 
     /// Revoke the credentials of `node_id` (asserting 200): the answer.
-    pub async fn revoke(&mut self, node_id: &str) -> Value {
+    pub async fn revoke(&mut self, node_id: &str) -> api::Revoked {
         let path = format!("/api/v1/admin/hardware/nodes/{node_id}/credential");
-        self.admin_expect("DELETE", &path, None, 200).await
+        self.admin_as("DELETE", &path, None, 200).await
     }
 
     /// `n` agents named `<prefix><i>`, each enrolled with a token of its own: the agents and
@@ -447,7 +520,7 @@ impl Cluster {
                 )
                 .await;
             if s == 201 {
-                return v["token"].as_str().unwrap().to_string();
+                return typed::<api::TokenIssued>("a new enrolment token", &v).token;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -457,22 +530,16 @@ impl Cluster {
         }
     }
 
-    pub async fn node(&mut self, node_id: &str) -> Value {
-        let (s, v) = self
-            .admin_read(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
-            .await;
-        assert_eq!(s, 200, "{v}");
-        v
+    pub async fn node(&mut self, node_id: &str) -> api::NodeDetail {
+        self.read_as(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
+            .await
     }
 
-    pub async fn credentials(&mut self, node_id: &str) -> Value {
-        let (s, v) = self
-            .admin_read(&format!(
-                "/api/v1/admin/hardware/nodes/{node_id}/credentials"
-            ))
-            .await;
-        assert_eq!(s, 200, "{v}");
-        v
+    pub async fn credentials(&mut self, node_id: &str) -> api::Credentials {
+        self.read_as(&format!(
+            "/api/v1/admin/hardware/nodes/{node_id}/credentials"
+        ))
+        .await
     }
 
     /// Wait until the node's credential has its first use replicated: the write an agent's
@@ -487,10 +554,12 @@ impl Cluster {
             let url = url.clone();
             async move {
                 let (s, v) = call("GET", &url, Some(ADMIN), None).await;
-                let used = v["credentials"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["last_used_at"].is_string()));
-                (s == 200 && used).then_some(())
+                let used = s == 200
+                    && typed::<api::Credentials>("a node's credentials", &v)
+                        .credentials
+                        .iter()
+                        .any(|c| c.last_used_at.is_some());
+                used.then_some(())
             }
         })
         .await;
@@ -529,6 +598,13 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// What the tests read of the agent's `identity.json`. The agent's own type for the file is
+/// private to it and `modelforge_proto` has none, so this names the one field read.
+#[derive(serde::Deserialize)]
+struct IdentityFile {
+    node_id: Option<String>,
 }
 
 pub struct Agent {
@@ -587,10 +663,14 @@ impl Agent {
         }
     }
 
+    /// The node id in the agent's `identity.json` (`None` before it exists or before the
+    /// agent enrolled). The agent writes the file atomically: one that does not decode panics.
     pub fn node_id(&self) -> Option<String> {
-        let s = std::fs::read_to_string(self.state_dir.join("identity.json")).ok()?;
-        let v: Value = serde_json::from_str(&s).ok()?;
-        v["node_id"].as_str().map(String::from)
+        let path = self.state_dir.join("identity.json");
+        let s = std::fs::read_to_string(&path).ok()?;
+        let f: IdentityFile = serde_json::from_str(&s)
+            .unwrap_or_else(|e| panic!("{} does not decode ({e}): {s}", path.display()));
+        f.node_id
     }
 
     pub fn credential(&self) -> Option<String> {

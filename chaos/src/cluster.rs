@@ -7,6 +7,7 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use modelforge_devkit as devkit;
@@ -205,7 +206,14 @@ impl ChaosCluster {
     }
 
     /// An admin GET on the leader (through any member), retried until `timeout`.
-    pub async fn admin_get(&self, path: &str, timeout: Duration) -> Option<Value> {
+    /// An admin read answered 200 by any member within `timeout`, as the endpoint's type (from
+    /// `modelforge_proto::api`). An answer that does not decode is harness trouble, with the
+    /// body: a drifted field is never read as missing.
+    pub async fn admin_get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<T, HarnessError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             for i in 0..self.n {
@@ -219,11 +227,18 @@ impl ChaosCluster {
                     && r.status() == 200
                     && let Ok(v) = r.json::<Value>().await
                 {
-                    return Some(v);
+                    return serde_json::from_value(v.clone()).map_err(|e| {
+                        HarnessError(format!(
+                            "GET {path}: the answer is not a {} ({e}): {v}",
+                            std::any::type_name::<T>()
+                        ))
+                    });
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return None;
+                return Err(HarnessError(format!(
+                    "could not read {path} within {timeout:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

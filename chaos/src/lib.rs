@@ -6,6 +6,7 @@
 //! A run is driven by a seed (the fault schedule and the traffic choices); timing on a real
 //! machine is not reproducible, so a replay re-runs the same schedule, not the same history.
 
+pub mod answer;
 pub mod checker;
 pub mod cluster;
 pub mod history;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use modelforge_proto::api;
 use serde::Serialize;
 
 use crate::checker::FinalCredential;
@@ -394,49 +396,41 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let nodes = cluster
-        .admin_get("/api/v1/admin/hardware/nodes", t)
-        .await
-        .ok_or_else(|| HarnessError("could not read nodes".into()))?;
-    let text = |v: &serde_json::Value| v.as_str().map(String::from);
-    for n in nodes["nodes"].as_array().into_iter().flatten() {
-        let id = n["node_id"].as_str().unwrap_or("").to_string();
-        fin.nodes.insert(
-            id.clone(),
-            n["identity_public_key"].as_str().unwrap_or("").to_string(),
-        );
-        let creds = cluster
+    let nodes: api::Nodes = cluster.admin_get("/api/v1/admin/hardware/nodes", t).await?;
+    for n in nodes.nodes {
+        let id = n.node_id.to_string();
+        fin.nodes
+            .insert(id.clone(), n.identity_public_key.to_string());
+        let creds: api::Credentials = cluster
             .admin_get(&format!("/api/v1/admin/hardware/nodes/{id}/credentials"), t)
-            .await
-            .ok_or_else(|| HarnessError("could not read credentials".into()))?;
+            .await?;
         // Listed oldest first.
         let mut own = vec![];
-        for c in creds["credentials"].as_array().into_iter().flatten() {
-            let cid = c["credential_id"].as_str().unwrap_or("").to_string();
+        for c in creds.credentials {
+            let cid = c.credential_id.to_string();
             own.push(cid.clone());
             fin.credentials.insert(
                 cid,
                 FinalCredential {
                     node_id: id.clone(),
-                    revoked: !c["revoked_at"].is_null(),
-                    revoked_reason: text(&c["revoked_reason"]),
-                    token_id: text(&c["enrollment_id"]),
+                    revoked: c.revoked_at.is_some(),
+                    revoked_reason: c.revoked_reason,
+                    token_id: c.enrollment_id.map(|t| t.to_string()),
                 },
             );
         }
         fin.node_credentials.insert(id, own);
     }
-    let toks = cluster
+    let toks: api::Enrollments = cluster
         .admin_get("/api/v1/admin/node-enrollments", t)
-        .await
-        .ok_or_else(|| HarnessError("could not read tokens".into()))?;
-    for r in toks["enrollments"].as_array().into_iter().flatten() {
+        .await?;
+    for r in toks.enrollments {
         fin.tokens.insert(
-            r["enrollment_id"].as_str().unwrap_or("").to_string(),
+            r.enrollment_id.to_string(),
             FinalToken {
-                state: r["state"].as_str().unwrap_or("").to_string(),
-                claimed_node_id: text(&r["claimed_node_id"]),
-                note: text(&r["note"]),
+                state: r.state.to_string(),
+                claimed_node_id: r.claimed_node_id.map(|n| n.to_string()),
+                note: r.note,
             },
         );
     }

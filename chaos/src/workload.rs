@@ -9,11 +9,15 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
+use modelforge_proto::wire;
 use serde_json::Value;
 use serde_json::json;
 
 use crate::Rng;
+use crate::answer::refusal_code;
+use crate::answer::typed_if_any;
 use crate::cluster::ADMIN;
 use crate::history::History;
 use crate::history::Kind;
@@ -84,7 +88,7 @@ async fn send(
             if (200..300).contains(&status) {
                 return (Outcome::ok(), v);
             }
-            let code = v["error"]["code"].as_str().unwrap_or("").to_string();
+            let code = refusal_code(&v);
             // `already_created`: a relay resent the creation after a cut connection and the
             // first one applied; the token is shown only once, so the answer cannot carry it.
             // Applied, then, but without its id: recorded as unknown and resolved by its note.
@@ -132,13 +136,8 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                 )
                 .await;
                 if let Outcome::Ok { revoked, .. } = &mut o {
-                    *revoked = v["revoked"]
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|x| x.as_str().map(String::from))
-                                .collect()
-                        })
+                    *revoked = typed_if_any::<api::Revoked>("a revoke", &v)
+                        .map(|r| r.revoked.iter().map(ToString::to_string).collect())
                         .unwrap_or_default();
                 }
                 sh.history.record(
@@ -176,14 +175,12 @@ pub async fn admin(sh: Arc<Shared>, mut rng: Rng) {
                 Some(json!({"ttl_seconds": 3600, "note": note})),
             )
             .await;
-            if let Outcome::Ok { token_id, .. } = &mut o {
-                *token_id = v["enrollment_id"].as_str().map(String::from);
-                if let (Some(id), Some(tok)) = (v["enrollment_id"].as_str(), v["token"].as_str()) {
-                    sh.tokens
-                        .lock()
-                        .unwrap()
-                        .push((id.to_string(), tok.to_string()));
-                }
+            if let Outcome::Ok { token_id, .. } = &mut o
+                && let Some(t) = typed_if_any::<api::TokenIssued>("a new token", &v)
+            {
+                let id = t.enrollment_id.to_string();
+                *token_id = Some(id.clone());
+                sh.tokens.lock().unwrap().push((id, t.token));
             }
             sh.history.record("admin", t, Kind::CreateToken { note }, o);
         }
@@ -233,17 +230,13 @@ pub async fn agent(sh: Arc<Shared>, name: String, mut rng: Rng) {
                     credential_id,
                     ..
                 } => {
-                    *node_id = v["node_id"].as_str().map(String::from);
-                    *credential_id = v["credential_id"].as_str().map(String::from);
-                    if let (Some(n), Some(c), Some(cred)) = (
-                        node_id.clone(),
-                        credential_id.clone(),
-                        v["credential"].as_str(),
-                    ) {
+                    if let Some(e) = typed_if_any::<wire::EnrollResponse>("an enrolment", &v) {
+                        *node_id = Some(e.node_id.to_string());
+                        *credential_id = Some(e.credential_id.to_string());
                         sh.enrolled.lock().unwrap().push(Enrolled {
-                            node_id: n,
-                            credential_id: c,
-                            credential: cred.to_string(),
+                            node_id: e.node_id.to_string(),
+                            credential_id: e.credential_id.to_string(),
+                            credential: e.credential,
                         });
                     }
                 }

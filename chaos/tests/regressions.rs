@@ -4,9 +4,13 @@
 
 use std::time::Duration;
 
+use modelforge_chaos::answer::refusal_code;
+use modelforge_chaos::answer::typed;
 use modelforge_chaos::cluster::ADMIN;
 use modelforge_chaos::cluster::ChaosCluster;
+use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
+use modelforge_proto::wire;
 use serde_json::Value;
 use serde_json::json;
 
@@ -64,10 +68,8 @@ async fn token(c: &ChaosCluster, member: usize, ttl: u64) -> (String, String) {
         )
         .await;
         (s == 201).then(|| {
-            (
-                v["token"].as_str().unwrap().to_string(),
-                v["expires_at"].as_str().unwrap().to_string(),
-            )
+            let t: api::TokenIssued = typed("a new token", &v);
+            (t.token, t.expires_at)
         })
     })
 }
@@ -99,10 +101,7 @@ async fn heartbeat_answer(c: &ChaosCluster, member: usize, nid: &str, cred: &str
         json!({}),
     )
     .await;
-    (
-        s,
-        v["error"]["code"].as_str().unwrap_or_default().to_string(),
-    )
+    (s, refusal_code(&v))
 }
 
 async fn cluster(n: usize) -> (ChaosCluster, std::path::PathBuf) {
@@ -121,10 +120,8 @@ async fn a_cut_off_leader_refuses_a_credential_revoked_through_the_majority() {
     let (tok, _) = token(&c, leader, 600).await;
     let (s, v) = enroll(&c, leader, &tok, &IdentityKey::generate()).await;
     assert_eq!(s, 201, "{v}");
-    let (nid, cred) = (
-        v["node_id"].as_str().unwrap().to_string(),
-        v["credential"].as_str().unwrap().to_string(),
-    );
+    let enrolled: wire::EnrollResponse = typed("an enrolment", &v);
+    let (nid, cred) = (enrolled.node_id.to_string(), enrolled.credential);
     assert_eq!(heartbeat(&c, leader, &nid, &cred).await, 200);
 
     c.isolate(leader);
@@ -145,7 +142,7 @@ async fn a_cut_off_leader_refuses_a_credential_revoked_through_the_majority() {
         (r.0 == 200).then_some(r)
     });
     assert_eq!(s, 200);
-    assert_eq!(v["revoked"].as_array().unwrap().len(), 1);
+    assert_eq!(typed::<api::Revoked>("a revoke", &v).revoked.len(), 1);
     // The old leader, still cut off, must never say 200 again for that credential. It cannot
     // say 401 either: the revocation never reached it, so it does not know (the contract's 401
     // is "the credential is revoked", an answer from a current state). Its lease ran out before
@@ -223,7 +220,7 @@ async fn a_token_that_expired_while_the_cluster_was_down_stays_unusable() {
         (r.0 != 0 && r.0 != 503).then_some(r)
     });
     assert_eq!(s, 401, "{v}");
-    assert_eq!(v["error"]["code"], "token_expired");
+    assert_eq!(refusal_code(&v), "token_expired", "{v}");
     drop(c);
     let _ = std::fs::remove_dir_all(dir);
 }

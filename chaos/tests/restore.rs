@@ -17,9 +17,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
+use modelforge_chaos::answer::typed;
 use modelforge_chaos::cluster::ADMIN;
 use modelforge_chaos::cluster::ChaosCluster;
+use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
+use modelforge_proto::wire;
 use serde_json::Value;
 use serde_json::json;
 
@@ -91,8 +94,9 @@ async fn agent(
         .await;
         match s {
             201 => {
-                let nid = v["node_id"].as_str().unwrap().to_string();
-                let cred = v["credential"].as_str().unwrap().to_string();
+                let enrolled: wire::EnrollResponse = typed("an enrolment", &v);
+                let nid = enrolled.node_id.to_string();
+                let cred = enrolled.credential;
                 history.lock().unwrap().enrolled.push((
                     tok.clone(),
                     nid.clone(),
@@ -181,7 +185,7 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
         )
         .await;
         if s == 201 {
-            tokens.push(v["token"].as_str().unwrap().to_string());
+            tokens.push(typed::<api::TokenIssued>("a new token", &v).token);
         } else {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -228,6 +228,7 @@ impl Etcd {
         while t.elapsed() < Duration::from_secs(30) {
             let mut healthy = 0;
             for u in &etcd.urls {
+                // etcd's own health document, not a ModelForge answer: read by key.
                 if let Ok(r) = http.get(format!("{u}/health")).send().await
                     && r.json::<Value>().await.is_ok_and(|v| v["health"] == "true")
                 {

@@ -9,11 +9,36 @@ use std::time::Duration;
 use std::time::Instant;
 
 use futures_util::StreamExt;
+use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
+use modelforge_proto::wire;
 use serde_json::Value;
 use serde_json::json;
 
 use crate::cluster::ADMIN;
+
+/// An answer (a `serde_json::Value`) read as its endpoint's type `$t` from `modelforge_proto`;
+/// one that does not decode panics with `$what` and the body, so a drifted field is never
+/// read as missing. (A macro: the crate does not name serde's traits.)
+macro_rules! typed {
+    ($t:ty, $what:expr, $v:expr) => {{
+        let v: &Value = $v;
+        serde_json::from_value::<$t>(v.clone()).unwrap_or_else(|e| {
+            panic!(
+                "{}: the answer is not a {} ({e}): {v}",
+                $what,
+                stringify!($t)
+            )
+        })
+    }};
+}
+
+/// The code of a refusal, or the whole body when it is not the contract's error body.
+fn refusal_code(v: &Value) -> String {
+    serde_json::from_value::<wire::ErrorBody>(v.clone())
+        .map(|b| b.error.code.to_string())
+        .unwrap_or_else(|_| v.to_string())
+}
 
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -155,7 +180,7 @@ pub async fn create_tokens(
                         && r.status() == 201
                         && let Ok(v) = r.json::<Value>().await
                     {
-                        return v["token"].as_str().map(str::to_string);
+                        return Some(typed!(api::TokenIssued, "a new enrolment token", &v).token);
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -209,15 +234,16 @@ pub async fn enrol(
                     };
                     if status == 201 {
                         let tel = serde_json::to_vec(&telemetry(i)).expect("telemetry");
+                        let e = typed!(wire::EnrollResponse, "an enrolment", &v);
                         return Some(SimAgent {
                             index: i,
-                            node_id: v["node_id"].as_str()?.to_string(),
-                            credential: v["credential"].as_str()?.to_string(),
+                            node_id: e.node_id.to_string(),
+                            credential: e.credential,
                             telemetry: tel,
                         });
                     }
                     if status < 500 && status != 429 {
-                        eprintln!("enrolment {i} refused: {status} {}", v["error"]["code"]);
+                        eprintln!("enrolment {i} refused: {status} {}", refusal_code(&v));
                         return None;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;

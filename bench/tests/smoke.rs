@@ -19,6 +19,8 @@ fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
         .status()
         .unwrap();
     assert!(status.success(), "modelforge-bench --profile smoke failed");
+    // The bench's own figures file (bench/src/report.rs builds it as a JSON map, and the bench
+    // is a binary this test cannot import types from), not an API answer: read by key.
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     for key in [

@@ -35,6 +35,7 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
                     .is_ok_and(|r| r.status() == 200)
                 } else {
                     let a = &ag[half + (n / 2) % (ag.len() - half)];
+                    // A request body (the fixture inventory), edited in place: no answer is read.
                     let mut inv = load::inventory(a.index);
                     inv["storage_roots"][1]["free_bytes"] = json!(n as u64 * 4096);
                     h.put(format!("{lu}/api/v1/agent/nodes/{}/inventory", a.node_id))

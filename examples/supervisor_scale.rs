@@ -61,14 +61,14 @@ async fn one(nodes: usize, shards: usize) {
     let t = Instant::now();
     for i in 0..nodes {
         for cmd in [
-            Command::CreateToken { token_id: format!("{i:032x}"), hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(), ttl_ms: 3_600_000, note: None },
+            Command::CreateToken { token_id: format!("{i:032x}").into(), hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(), ttl_ms: 3_600_000, note: None },
             Command::Enroll {
-                token_id: format!("{i:032x}"),
+                token_id: format!("{i:032x}").into(),
                 public_key: format!("{i:064x}"),
                 hostname: format!("gpu-{i}"),
                 inventory: inv.clone(),
-                new_node_id: format!("{i:08x}-0000-4000-8000-000000000000"),
-                credential_id: format!("{:032x}", i + (1 << 40)),
+                new_node_id: format!("{i:08x}-0000-4000-8000-000000000000").into(),
+                credential_id: format!("{:032x}", i + (1 << 40)).into(),
                 credential_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(),
             },
         ] {
@@ -92,7 +92,7 @@ async fn one(nodes: usize, shards: usize) {
     }
     let first_build = t.elapsed();
     for i in 0..nodes {
-        sup.heartbeat(&format!("{i:08x}-0000-4000-8000-000000000000"), 2_000_001, r#"{"accelerators":[{"uuid":"GPU-0","utilization_pct":50.0,"memory_used_mib":61234.0,"temperature_c":71.0,"power_draw_w":612.4}]}"#.into(), true);
+        sup.heartbeat(&format!("{i:08x}-0000-4000-8000-000000000000").into(), 2_000_001, r#"{"accelerators":[{"uuid":"GPU-0","utilization_pct":50.0,"memory_used_mib":61234.0,"temperature_c":71.0,"power_draw_w":612.4}]}"#.into(), true);
     }
     let _ = sup.all().await;
     let after_sup = rss_kib();

@@ -67,7 +67,7 @@ impl Replicated {
         for (id, digest) in entries {
             if state
                 .credentials
-                .get(&id)
+                .get(id.as_str())
                 .is_some_and(|c| c.revoked_at_ms.is_none())
             {
                 cache.insert(id, digest);
@@ -119,7 +119,7 @@ impl Application for Replicated {
                             .get(c)
                             .is_some_and(|c| c.revoked_at_ms.is_some())
                         {
-                            cache.remove(c);
+                            cache.remove(c.as_str());
                         }
                     }
                 }

@@ -30,6 +30,7 @@ use sha2::Digest;
 
 use crate::journal;
 use crate::state::State;
+use modelforge_proto::ids::NodeId;
 
 const MAGIC: &[u8; 8] = b"MFBACKUP";
 const FORMAT: u8 = 1;
@@ -242,7 +243,7 @@ pub fn prepare(
     }
     // Nothing restored is trusted until measured again: allocations wait for their node's
     // fresh report, and every enabled node for a passing smoke.
-    let enabled: Vec<String> = state
+    let enabled: Vec<NodeId> = state
         .nodes
         .values()
         .filter(|n| n.enabled && n.decommissioned_at_ms.is_none())

@@ -26,6 +26,9 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::TokenId;
 use serde::Deserialize;
 use serde::Serialize;
 
@@ -39,27 +42,27 @@ pub const FILE: &str = "journal/revocations.jsonl";
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Fact {
     CredentialRevoked {
-        credential_id: String,
-        node_id: String,
+        credential_id: CredentialId,
+        node_id: NodeId,
         at_ms: i64,
         reason: String,
     },
     TokenClaimed {
-        token_id: String,
-        node_id: String,
+        token_id: TokenId,
+        node_id: NodeId,
         public_key: String,
         at_ms: i64,
     },
     TokenSpent {
-        token_id: String,
+        token_id: TokenId,
         at_ms: i64,
     },
     TokenCancelled {
-        token_id: String,
+        token_id: TokenId,
         at_ms: i64,
     },
     NodeDecommissioned {
-        node_id: String,
+        node_id: NodeId,
         public_key: String,
         at_ms: i64,
         /// The operator's reason (absent in journals written before it was recorded).

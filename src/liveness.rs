@@ -14,12 +14,14 @@ use std::sync::atomic::AtomicI64;
 use std::sync::atomic::Ordering;
 
 use crate::supervisor::Supervision;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::NodeStatus;
 
 pub struct Liveness {
     /// The supervision tree that owns each node's live state.
     pub sup: Supervision,
     /// credential id -> latest use not yet written to the log.
-    pending_uses: Mutex<HashMap<String, i64>>,
+    pending_uses: Mutex<HashMap<CredentialId, i64>>,
     leader_since_ms: AtomicI64,
     /// The term whose leadership the view was last rebuilt for.
     view_term: std::sync::atomic::AtomicU64,
@@ -65,14 +67,14 @@ impl Liveness {
     }
 
     /// Note a use of a credential, to be written coalesced.
-    pub fn note_use(&self, credential_id: &str, at_ms: i64) {
+    pub fn note_use(&self, credential_id: &CredentialId, at_ms: i64) {
         let mut p = self.pending_uses.lock().unwrap_or_else(|p| p.into_inner());
-        let e = p.entry(credential_id.to_string()).or_insert(at_ms);
+        let e = p.entry(credential_id.clone()).or_insert(at_ms);
         *e = (*e).max(at_ms);
     }
 
     /// Take the pending uses (the caller writes those that moved enough).
-    pub fn take_uses(&self) -> Vec<(String, i64)> {
+    pub fn take_uses(&self) -> Vec<(CredentialId, i64)> {
         let mut p = self.pending_uses.lock().unwrap_or_else(|p| p.into_inner());
         p.drain().collect()
     }
@@ -85,12 +87,12 @@ pub fn node_status(
     leader_since_ms: i64,
     now_ms: i64,
     t: StatusThresholds,
-) -> &'static str {
+) -> NodeStatus {
     if decommissioned {
-        return "decommissioned";
+        return NodeStatus::Decommissioned;
     }
     let Some(last) = last_seen_ms else {
-        return "never_seen";
+        return NodeStatus::NeverSeen;
     };
     // Grace after a leadership change: silence is counted from the change at the latest.
     let silent_since = if leader_since_ms > last {
@@ -100,11 +102,11 @@ pub fn node_status(
     };
     let age = now_ms - silent_since;
     if age <= t.stale_after_ms {
-        "online"
+        NodeStatus::Online
     } else if age <= t.offline_after_ms {
-        "stale"
+        NodeStatus::Stale
     } else {
-        "offline"
+        NodeStatus::Offline
     }
 }
 

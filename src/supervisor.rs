@@ -31,6 +31,9 @@ use ractor::RpcReplyPort;
 use ractor::SupervisionEvent;
 
 use crate::app::Replicated;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::NodeStatus;
 
 /// Telemetry samples kept per node, at most.
 pub const TELEMETRY_RING: usize = 32;
@@ -52,33 +55,33 @@ pub struct NodeLive {
     /// The last hardware report (inventory or telemetry naming accelerators) received.
     pub last_report_ms: Option<i64>,
     /// The status last written to history.
-    pub recorded_status: Option<&'static str>,
+    pub recorded_status: Option<NodeStatus>,
 }
 
 pub enum ShardMsg {
     Heartbeat {
-        node_id: String,
+        node_id: NodeId,
         at_ms: i64,
         telemetry: Box<str>,
         report: bool,
     },
     Report {
-        node_id: String,
+        node_id: NodeId,
         at_ms: i64,
     },
     Refused {
-        node_id: String,
+        node_id: NodeId,
         status: u16,
         at_ms: i64,
     },
     /// One node's live state, and when the shard was last rebuilt.
-    Get(String, RpcReplyPort<(NodeLive, i64)>),
+    Get(NodeId, RpcReplyPort<(NodeLive, i64)>),
     /// Every node's live state (without telemetry rings).
-    All(RpcReplyPort<(Vec<(String, NodeLive)>, i64)>),
+    All(RpcReplyPort<(Vec<(NodeId, NodeLive)>, i64)>),
     /// Record the given statuses as written and take the unflushed refusals.
     Flush(
-        Vec<(String, &'static str)>,
-        RpcReplyPort<Vec<(String, u16, u32)>>,
+        Vec<(NodeId, NodeStatus)>,
+        RpcReplyPort<Vec<(NodeId, u16, u32)>>,
     ),
     /// Forget everything and start again from the replicated state (leader change).
     Rebuild {
@@ -102,7 +105,7 @@ pub struct ShardState {
     index: usize,
     shards: usize,
     app: Arc<Replicated>,
-    nodes: HashMap<String, NodeLive>,
+    nodes: HashMap<NodeId, NodeLive>,
     rebuilt_at_ms: i64,
     /// This shard's share of the telemetry budget, and what its rings hold now.
     telemetry_budget: usize,
@@ -113,10 +116,13 @@ fn sample_cost(t: &str) -> usize {
     t.len() + SAMPLE_OVERHEAD
 }
 
-pub fn shard_of(node_id: &str, shards: usize) -> usize {
-    let h = node_id.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    });
+pub fn shard_of(node_id: &NodeId, shards: usize) -> usize {
+    let h = node_id
+        .as_str()
+        .bytes()
+        .fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        });
     (h % shards.max(1) as u64) as usize
 }
 
@@ -142,8 +148,8 @@ impl ShardState {
                 .history
                 .iter()
                 .rev()
-                .find(|e| e.kind == "status")
-                .map(|e| status_name(&e.detail));
+                .find(|e| e.kind == HistoryKind::Status)
+                .map(|e| NodeStatus::parse(&e.detail).unwrap_or(NodeStatus::NeverSeen));
             self.nodes.insert(
                 node.node_id.clone(),
                 NodeLive {
@@ -155,25 +161,15 @@ impl ShardState {
         }
     }
 
-    fn entry(&mut self, node_id: &str) -> Option<&mut NodeLive> {
+    fn entry(&mut self, node_id: &NodeId) -> Option<&mut NodeLive> {
         // Bounded: only nodes that exist in the replicated state get an entry.
         if !self.nodes.contains_key(node_id) {
             if !self.app.read().nodes.contains_key(node_id) {
                 return None;
             }
-            self.nodes.insert(node_id.to_string(), NodeLive::default());
+            self.nodes.insert(node_id.clone(), NodeLive::default());
         }
         self.nodes.get_mut(node_id)
-    }
-}
-
-fn status_name(s: &str) -> &'static str {
-    match s {
-        "online" => "online",
-        "stale" => "stale",
-        "offline" => "offline",
-        "decommissioned" => "decommissioned",
-        _ => "never_seen",
     }
 }
 
@@ -409,7 +405,7 @@ impl Supervision {
         }
     }
 
-    fn shard(&self, node_id: &str) -> Option<ActorRef<ShardMsg>> {
+    fn shard(&self, node_id: &NodeId) -> Option<ActorRef<ShardMsg>> {
         self.refs.read().unwrap_or_else(|p| p.into_inner())[shard_of(node_id, self.shards)].clone()
     }
 
@@ -423,10 +419,10 @@ impl Supervision {
             .collect()
     }
 
-    pub fn heartbeat(&self, node_id: &str, at_ms: i64, telemetry: Box<str>, report: bool) {
+    pub fn heartbeat(&self, node_id: &NodeId, at_ms: i64, telemetry: Box<str>, report: bool) {
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Heartbeat {
-                node_id: node_id.to_string(),
+                node_id: node_id.clone(),
                 at_ms,
                 telemetry,
                 report,
@@ -434,19 +430,19 @@ impl Supervision {
         }
     }
 
-    pub fn report(&self, node_id: &str, at_ms: i64) {
+    pub fn report(&self, node_id: &NodeId, at_ms: i64) {
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Report {
-                node_id: node_id.to_string(),
+                node_id: node_id.clone(),
                 at_ms,
             });
         }
     }
 
-    pub fn refused(&self, node_id: &str, status: u16, at_ms: i64) {
+    pub fn refused(&self, node_id: &NodeId, status: u16, at_ms: i64) {
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Refused {
-                node_id: node_id.to_string(),
+                node_id: node_id.clone(),
                 status,
                 at_ms,
             });
@@ -454,17 +450,17 @@ impl Supervision {
     }
 
     /// One node's live state and when its shard was last rebuilt.
-    pub async fn get(&self, node_id: &str) -> (NodeLive, i64) {
+    pub async fn get(&self, node_id: &NodeId) -> (NodeLive, i64) {
         let Some(s) = self.shard(node_id) else {
             return (NodeLive::default(), self.rebuilt_at());
         };
-        let id = node_id.to_string();
+        let id = node_id.clone();
         ractor::call_t!(s, ShardMsg::Get, CALL_TIMEOUT_MS, id)
             .unwrap_or_else(|_| (NodeLive::default(), self.rebuilt_at()))
     }
 
     /// Every node's live state (without telemetry rings), with its shard's rebuild time.
-    pub async fn all(&self) -> HashMap<String, (NodeLive, i64)> {
+    pub async fn all(&self) -> HashMap<NodeId, (NodeLive, i64)> {
         let mut out = HashMap::new();
         for s in self.all_refs() {
             if let Ok((nodes, at)) = ractor::call_t!(s, ShardMsg::All, CALL_TIMEOUT_MS) {
@@ -475,8 +471,8 @@ impl Supervision {
     }
 
     /// Record `statuses` as written and take every shard's unflushed refusals.
-    pub async fn flush(&self, statuses: Vec<(String, &'static str)>) -> Vec<(String, u16, u32)> {
-        let mut by_shard: Vec<Vec<(String, &'static str)>> = vec![vec![]; self.shards];
+    pub async fn flush(&self, statuses: Vec<(NodeId, NodeStatus)>) -> Vec<(NodeId, u16, u32)> {
+        let mut by_shard: Vec<Vec<(NodeId, NodeStatus)>> = vec![vec![]; self.shards];
         for (id, s) in statuses {
             by_shard[shard_of(&id, self.shards)].push((id, s));
         }
@@ -503,7 +499,7 @@ impl Supervision {
     }
 
     /// Make the shard of `node_id` fail (tests of the supervision).
-    pub fn crash_shard_of(&self, node_id: &str) {
+    pub fn crash_shard_of(&self, node_id: &NodeId) {
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Crash);
         }
@@ -532,18 +528,18 @@ mod tests {
         };
         for i in 0..n {
             apply(Command::CreateToken {
-                token_id: format!("t{i}"),
+                token_id: format!("t{i}").into(),
                 hash: "h".into(),
                 ttl_ms: 60_000,
                 note: None,
             });
             apply(Command::Enroll {
-                token_id: format!("t{i}"),
+                token_id: format!("t{i}").into(),
                 public_key: format!("k{i}"),
                 hostname: format!("h{i}"),
                 inventory: Default::default(),
-                new_node_id: format!("n{i}"),
-                credential_id: format!("c{i}"),
+                new_node_id: format!("n{i}").into(),
+                credential_id: format!("c{i}").into(),
                 credential_hash: "x".into(),
             });
         }
@@ -566,7 +562,7 @@ mod tests {
         let sup = Supervision::start(app, 4, 5000).await.unwrap();
         for i in 0..40 {
             sup.heartbeat(
-                &format!("n{i}"),
+                &NodeId::from(format!("n{i}")),
                 6000,
                 format!("{{\"i\":{i}}}").into(),
                 true,
@@ -581,9 +577,9 @@ mod tests {
                 == 40
         })
         .await;
-        let victim = "n7";
+        let victim = &NodeId::from("n7");
         let other = (0..40)
-            .map(|i| format!("n{i}"))
+            .map(|i| NodeId::from(format!("n{i}")))
             .find(|n| shard_of(n, 4) != shard_of(victim, 4))
             .unwrap();
         sup.crash_shard_of(victim);
@@ -620,23 +616,27 @@ mod tests {
     async fn telemetry_ring_is_bounded_and_refusals_are_coalesced() {
         let app = app_with_nodes(1);
         let sup = Supervision::start(app, 2, 0).await.unwrap();
+        let n0 = &NodeId::from("n0");
         for i in 0..100 {
-            sup.heartbeat("n0", i, format!("{{\"i\":{i}}}").into(), false);
-            sup.refused("n0", 401, i);
+            sup.heartbeat(n0, i, format!("{{\"i\":{i}}}").into(), false);
+            sup.refused(n0, 401, i);
         }
-        sup.refused("unknown-node", 401, 5);
+        sup.refused(&NodeId::from("unknown-node"), 401, 5);
         wait("all messages", async || {
-            sup.get("n0").await.0.last_heartbeat_ms == Some(99)
+            sup.get(n0).await.0.last_heartbeat_ms == Some(99)
         })
         .await;
-        let (l, _) = sup.get("n0").await;
+        let (l, _) = sup.get(n0).await;
         assert_eq!(l.telemetry.len(), TELEMETRY_RING);
         assert_eq!(l.telemetry.front().unwrap().0, 100 - TELEMETRY_RING as i64);
         assert_eq!(l.last_refusal, Some((401, 99)));
-        let flushed = sup.flush(vec![("n0".into(), "online")]).await;
-        assert_eq!(flushed, vec![("n0".to_string(), 401, 100)]);
+        let flushed = sup.flush(vec![(n0.clone(), NodeStatus::Online)]).await;
+        assert_eq!(flushed, vec![(n0.clone(), 401, 100)]);
         assert!(sup.flush(vec![]).await.is_empty());
-        assert_eq!(sup.get("n0").await.0.recorded_status, Some("online"));
+        assert_eq!(
+            sup.get(n0).await.0.recorded_status,
+            Some(NodeStatus::Online)
+        );
         assert_eq!(sup.all().await.len(), 1, "unknown node ids get no entry");
     }
 
@@ -651,10 +651,10 @@ mod tests {
         let beat = async |sup: &Supervision, nodes: usize, rounds: i64| {
             for i in 0..rounds {
                 for n in 0..nodes {
-                    sup.heartbeat(&format!("n{n}"), i, sample(i).into(), false);
+                    sup.heartbeat(&NodeId::from(format!("n{n}")), i, sample(i).into(), false);
                 }
             }
-            let last = format!("n{}", nodes - 1);
+            let last = NodeId::from(format!("n{}", nodes - 1));
             wait("all heartbeats", async || {
                 sup.get(&last).await.0.last_heartbeat_ms == Some(rounds - 1)
             })
@@ -664,7 +664,7 @@ mod tests {
         beat(&sup, 20, 10).await;
         let mut held = 0;
         for n in 0..20 {
-            let (l, _) = sup.get(&format!("n{n}")).await;
+            let (l, _) = sup.get(&NodeId::from(format!("n{n}"))).await;
             assert!(!l.telemetry.is_empty(), "n{n} lost its latest sample");
             assert_eq!(
                 l.telemetry.back().unwrap().0,
@@ -684,7 +684,7 @@ mod tests {
             .unwrap();
         beat(&sup, 3, 5).await;
         for n in 0..3 {
-            let (l, _) = sup.get(&format!("n{n}")).await;
+            let (l, _) = sup.get(&NodeId::from(format!("n{n}"))).await;
             assert_eq!(l.telemetry.len(), 1);
             assert_eq!(l.telemetry[0].0, 4);
         }

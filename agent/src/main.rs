@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Parser;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::SmokeId;
 use modelforge_proto::wire::EnrollRequest;
 use modelforge_proto::wire::EnrollResponse;
 use modelforge_proto::wire::Inventory;
@@ -100,7 +102,7 @@ struct Agent {
     cp: ControlPlane,
     token_spent: bool,
     /// Smokes already run and reported (a job repeats until its report lands).
-    smokes_done: std::collections::HashSet<String>,
+    smokes_done: std::collections::HashSet<SmokeId>,
 }
 
 impl Agent {
@@ -128,7 +130,7 @@ impl Agent {
                 &token_id,
                 &self.hostname,
                 modelforge_proto::now_ms(),
-                self.state.node_id.clone(),
+                self.state.node_id.as_ref().map(ToString::to_string),
             );
             let req = EnrollRequest {
                 token: token.to_string(),
@@ -216,7 +218,7 @@ impl Agent {
 
     async fn heartbeat_loop(
         &mut self,
-        node_id: &str,
+        node_id: &NodeId,
         cred: &str,
         sent: &mut Option<Inventory>,
     ) -> Refusal {
@@ -262,9 +264,13 @@ impl Agent {
                         if self.smokes_done.contains(&smoke_id) {
                             continue;
                         }
-                        tracing::info!(smoke_id, "running the capability smoke");
-                        let report =
-                            smoke::run(&self.gpus, &self.inventory(), &expected_uuids, &smoke_id);
+                        tracing::info!(smoke_id = %smoke_id, "running the capability smoke");
+                        let report = smoke::run(
+                            &self.gpus,
+                            &self.inventory(),
+                            &expected_uuids,
+                            smoke_id.as_str(),
+                        );
                         let failed = report.checks.iter().filter(|c| !c.ok).count();
                         let rpath = format!("/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}");
                         match self
@@ -273,7 +279,7 @@ impl Agent {
                             .await
                         {
                             Reply::Ok(..) => {
-                                tracing::info!(smoke_id, failed, "capability smoke reported");
+                                tracing::info!(smoke_id = %smoke_id, failed, "capability smoke reported");
                                 self.smokes_done.insert(smoke_id);
                             }
                             Reply::Refused(401, code, _) => return Refusal::Unauthorized(code),

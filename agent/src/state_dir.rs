@@ -8,12 +8,13 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use modelforge_proto::identity::IdentityKey;
+use modelforge_proto::ids::NodeId;
 use serde::Deserialize;
 use serde::Serialize;
 
 #[derive(Serialize, Deserialize)]
 struct IdentityFile {
-    node_id: Option<String>,
+    node_id: Option<NodeId>,
     public_key: String,
     secret_key: String,
     created_at: String,
@@ -22,7 +23,7 @@ struct IdentityFile {
 pub struct StateDir {
     dir: PathBuf,
     pub key: IdentityKey,
-    pub node_id: Option<String>,
+    pub node_id: Option<NodeId>,
     created_at: String,
 }
 

@@ -83,6 +83,10 @@ pub struct RunConfig {
     pub seed: u64,
     pub members: usize,
     pub duration: Duration,
+    /// When set, faults and traffic go on after `duration` while the run has not exercised
+    /// these floors yet, for at most `duration` more: on a loaded machine a fixed time does
+    /// fewer operations, and a run that exercised too little proves nothing.
+    pub floors: Option<Exercised>,
     pub agents: usize,
     pub heartbeaters: usize,
     /// Pause between faults (a fault's own duration comes on top).

@@ -49,6 +49,7 @@ async fn main() {
         seed,
         members: num("--members", 3) as usize,
         duration: Duration::from_secs(num("--duration-s", 60)),
+        floors: None,
         agents: num("--agents", 6) as usize,
         heartbeaters: num("--heartbeaters", 4) as usize,
         fault_every: Duration::from_millis(num("--fault-every-ms", 800)),

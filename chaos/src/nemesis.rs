@@ -31,10 +31,21 @@ pub async fn run(
     rng: &mut Rng,
 ) -> Result<Vec<FaultRecord>, HarnessError> {
     let mut out = vec![];
-    let end = tokio::time::Instant::now() + cfg.duration;
+    let start = tokio::time::Instant::now();
+    let (end, last) = (start + cfg.duration, start + 2 * cfg.duration);
     // Let some traffic start before the first fault.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    while tokio::time::Instant::now() < end {
+    let more = |out: &[FaultRecord]| {
+        let now = tokio::time::Instant::now();
+        now < end
+            || (now < last
+                && cfg.floors.as_ref().is_some_and(|f| {
+                    !crate::Exercised::count(&sh.history.ops(), out)
+                        .shortfalls(f)
+                        .is_empty()
+                }))
+    };
+    while more(&out) {
         let kind = match rng.below(20) {
             0..=10 => "kill-leader",
             11..=12 => "kill-follower",

@@ -57,6 +57,7 @@ async fn short_profile_finds_no_violation() {
         seed,
         members: 3,
         duration: Duration::from_secs(secs),
+        floors: Some(floors()),
         agents: 6,
         heartbeaters: 4,
         fault_every: Duration::from_millis(600),

@@ -11,6 +11,18 @@
 
 use serde::Deserialize;
 use serde::Deserializer;
+
+pub use crate::ids::AllocationId;
+pub use crate::ids::AllocationState;
+pub use crate::ids::CredentialId;
+pub use crate::ids::HistoryKind;
+pub use crate::ids::NodeId;
+pub use crate::ids::NodeStatus;
+pub use crate::ids::PreviewId;
+pub use crate::ids::SmokeId;
+pub use crate::ids::SmokeState;
+pub use crate::ids::TokenId;
+pub use crate::ids::TokenState;
 use serde::Serialize;
 use serde::Serializer;
 
@@ -264,7 +276,7 @@ pub struct InventoryChanged {
 /// holds a secret.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct TokenIssued {
-    pub enrollment_id: String,
+    pub enrollment_id: TokenId,
     pub token: String,
     pub expires_at: String,
 }
@@ -272,12 +284,12 @@ pub struct TokenIssued {
 /// One enrolment token as listed: never the token or its hash.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Enrollment {
-    pub enrollment_id: String,
+    pub enrollment_id: TokenId,
     pub created_at: String,
     pub expires_at: String,
     /// `pending`, `claimed`, `expired` or `cancelled`.
-    pub state: String,
-    pub claimed_node_id: Option<String>,
+    pub state: TokenState,
+    pub claimed_node_id: Option<NodeId>,
     pub claimed_at: Option<String>,
     pub cancelled_at: Option<String>,
     pub note: Option<String>,
@@ -292,25 +304,25 @@ pub struct Enrollments {
 /// `DELETE /api/v1/admin/node-enrollments/{id}`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct EnrollmentCancelled {
-    pub enrollment_id: String,
-    pub state: String,
+    pub enrollment_id: TokenId,
+    pub state: TokenState,
 }
 
 /// One credential of a node: never its hash.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CredentialView {
-    pub credential_id: String,
+    pub credential_id: CredentialId,
     pub created_at: String,
     pub last_used_at: Option<String>,
     pub revoked_at: Option<String>,
     pub revoked_reason: Option<String>,
-    pub enrollment_id: Option<String>,
+    pub enrollment_id: Option<TokenId>,
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{id}/credentials`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Credentials {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub active: usize,
     pub revoked: usize,
     pub credentials: Vec<CredentialView>,
@@ -319,8 +331,8 @@ pub struct Credentials {
 /// `DELETE /api/v1/admin/hardware/nodes/{id}/credential`: the credentials it revoked.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Revoked {
-    pub node_id: String,
-    pub revoked: Vec<String>,
+    pub node_id: NodeId,
+    pub revoked: Vec<CredentialId>,
 }
 
 /// One recent telemetry sample of a node.
@@ -333,7 +345,7 @@ pub struct TelemetrySample {
 /// `GET /api/v1/admin/hardware/nodes/{id}/telemetry`: oldest first.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TelemetrySamples {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub samples: Vec<TelemetrySample>,
 }
 
@@ -374,21 +386,21 @@ pub struct AuditPage {
 /// `POST /api/v1/allocations` (201).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AllocationPlaced {
-    pub allocation_id: String,
-    pub node_id: String,
+    pub allocation_id: AllocationId,
+    pub node_id: NodeId,
     pub accelerator_uuids: Vec<String>,
 }
 
 /// `DELETE /api/v1/allocations/{id}`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AllocationReleased {
-    pub released: String,
+    pub released: AllocationId,
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{id}/smoke` (202).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SmokeStarted {
-    pub smoke_id: String,
+    pub smoke_id: SmokeId,
 }
 
 /// One check of a smoke, as the node reported it (replicated: no serde attributes).
@@ -402,10 +414,10 @@ pub struct SmokeCheck {
 /// `GET /api/v1/admin/hardware/nodes/{id}/smoke/{smoke_id}`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SmokeView {
-    pub smoke_id: String,
-    pub node_id: String,
+    pub smoke_id: SmokeId,
+    pub node_id: NodeId,
     /// `pending`, `passed` or `failed`.
-    pub state: String,
+    pub state: SmokeState,
     pub checks: Vec<SmokeCheck>,
     pub created_at: String,
     pub finished_at: Option<String>,
@@ -416,12 +428,12 @@ pub struct SmokeView {
 /// A node as `GET /api/v1/admin/hardware/nodes` lists it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct NodeSummary {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     pub identity_public_key: String,
     pub enabled: bool,
     /// `online`, `stale`, `offline`, `never_seen` or `decommissioned`.
-    pub status: String,
+    pub status: NodeStatus,
     pub last_heartbeat_at: Option<String>,
     pub accelerators: Vec<crate::wire::Accelerator>,
     /// Whether a hardware report since this member rebuilt its view confirmed them.
@@ -437,7 +449,7 @@ pub struct NodeSummary {
     pub decommissioned_at: Option<String>,
     pub active_credentials: usize,
     /// Other enabled nodes claiming the same hostname.
-    pub hostname_conflicts: Vec<String>,
+    pub hostname_conflicts: Vec<NodeId>,
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.
@@ -450,7 +462,7 @@ pub struct Nodes {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct HistoryEntry {
     pub at: String,
-    pub kind: String,
+    pub kind: HistoryKind,
     pub detail: String,
     /// How many identical events were folded into this one.
     pub count: u32,
@@ -478,23 +490,23 @@ pub struct NodeDetail {
 /// What a decommission would change, as a preview shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DecommissionEffectsView {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     pub disable_node: bool,
     /// The identity key that can never enrol again.
     pub ban_identity: String,
-    pub credentials_to_revoke: Vec<String>,
-    pub hostname_conflicts_resolved: Vec<String>,
-    pub claims_to_spend: Vec<String>,
-    pub allocations_to_release: Vec<String>,
+    pub credentials_to_revoke: Vec<CredentialId>,
+    pub hostname_conflicts_resolved: Vec<NodeId>,
+    pub claims_to_spend: Vec<TokenId>,
+    pub allocations_to_release: Vec<AllocationId>,
     pub accelerators_leaving_service: Vec<String>,
 }
 
 /// `POST .../decommission/preview`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DecommissionPreviewView {
-    pub preview_id: String,
-    pub node_id: String,
+    pub preview_id: PreviewId,
+    pub node_id: NodeId,
     pub effects: DecommissionEffectsView,
     pub fingerprint: String,
     pub created_at: String,
@@ -504,32 +516,32 @@ pub struct DecommissionPreviewView {
 /// `POST .../decommission/execute`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Decommissioned {
-    pub node_id: String,
-    pub status: String,
+    pub node_id: NodeId,
+    pub status: NodeStatus,
     pub enabled: bool,
     pub decommissioned_at: String,
-    pub preview_id: String,
-    pub revoked: Vec<String>,
-    pub hostname_conflicts_resolved: Vec<String>,
-    pub claims_spent: Vec<String>,
-    pub allocations_released: Vec<String>,
+    pub preview_id: PreviewId,
+    pub revoked: Vec<CredentialId>,
+    pub hostname_conflicts_resolved: Vec<NodeId>,
+    pub claims_spent: Vec<TokenId>,
+    pub allocations_released: Vec<AllocationId>,
 }
 
 /// An allocation in the scheduler view.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AllocationView {
-    pub allocation_id: String,
+    pub allocation_id: AllocationId,
     pub owner: String,
     pub accelerator_uuids: Vec<String>,
     /// `confirmed`, or `unconfirmed` after a restore until the node's report confirms it.
-    pub state: String,
+    pub state: AllocationState,
     pub created_at: String,
 }
 
 /// A node as the scheduler sees it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SchedulerNode {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     pub enabled: bool,
     pub verified: bool,
@@ -549,6 +561,50 @@ pub struct SchedulerView {
     pub view_rebuilt_at: String,
     pub require_smoke: bool,
     pub nodes: Vec<SchedulerNode>,
+}
+
+// ---- Admin request bodies (the server refuses unknown fields: `invalid_body`).
+
+/// `POST /api/v1/admin/node-enrollments`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnrollment {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// `DELETE /api/v1/admin/hardware/nodes/{id}/credential`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `{}`: the body of `POST .../decommission/preview` (nothing may be asked along).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyRequest {}
+
+/// `POST .../decommission/execute`. The preview id stays text here: the handler parses it
+/// (`invalid_id`), so that an untame id is refused with its own code, not `invalid_body`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteDecommission {
+    pub preview_id: String,
+    pub reason: String,
+}
+
+/// `POST /api/v1/allocations`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AllocationRequest {
+    pub accelerators: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_memory_mib: Option<u64>,
+    pub owner: String,
 }
 
 #[cfg(test)]

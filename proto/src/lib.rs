@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod identity;
+pub mod ids;
 pub mod secret;
 pub mod wire;
 

@@ -6,6 +6,9 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use crate::identity::IdentityProof;
+use crate::ids::CredentialId;
+use crate::ids::NodeId;
+use crate::ids::SmokeId;
 
 /// One accelerator as inventoried (NVML, simulated or fixture: the same shape).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
@@ -94,9 +97,9 @@ pub struct EnrollRequest {
 /// 201 answer to an enrolment.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EnrollResponse {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub credential: String,
-    pub credential_id: String,
+    pub credential_id: CredentialId,
     /// Whether the identity was already known (same node id as before).
     pub reenrolled: bool,
 }
@@ -105,7 +108,7 @@ pub struct EnrollResponse {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HeartbeatResponse {
     pub status: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub server_time: String,
     /// Work for the agent (older agents ignore it; older members send none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -119,7 +122,7 @@ pub enum Job {
     /// Run the capability smoke and report it to
     /// `POST /api/v1/agent/nodes/{node_id}/smoke/{smoke_id}`.
     Smoke {
-        smoke_id: String,
+        smoke_id: SmokeId,
         /// The accelerators the control plane has in the node's inventory.
         expected_uuids: Vec<String>,
     },

@@ -10,7 +10,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Bumped whenever any persisted or wire type changes shape. A cluster is upgraded as a whole.
-pub const FORMAT_VERSION: u8 = 4;
+/// 5: named states (smoke state, history kind) are stored by name, not by variant index.
+pub const FORMAT_VERSION: u8 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

@@ -132,7 +132,7 @@ mod tests {
                     now_ms: 1_000 + i as i64,
                     actor: "admin".into(),
                     command: Command::CancelToken {
-                        token_id: format!("t{i}"),
+                        token_id: format!("t{i}").into(),
                     },
                 },
             );

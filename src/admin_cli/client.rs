@@ -68,30 +68,21 @@ impl Client {
         typed(v, path)
     }
 
-    /// A write answered with the endpoint's type, and the JSON as sent.
+    /// A write of a request body from `modelforge_proto::api`, answered with the endpoint's
+    /// type, and the JSON as sent. `key` overrides the invocation's idempotency key.
     pub async fn write_typed<T: serde::de::DeserializeOwned>(
         &mut self,
         method: reqwest::Method,
         path: &str,
-        body: Value,
+        body: &impl serde::Serialize,
         key: Option<&str>,
     ) -> Result<(T, Value), CallError> {
-        let v = self.write(method, path, body, key).await?;
-        typed(v, path)
-    }
-
-    /// A write: `key` overrides the invocation's idempotency key.
-    pub async fn write(
-        &mut self,
-        method: reqwest::Method,
-        path: &str,
-        body: Value,
-        key: Option<&str>,
-    ) -> Result<Value, CallError> {
         let key = key
             .map(str::to_string)
             .unwrap_or(self.idempotency_key.clone());
-        self.call(method, path, Some(body), Some(&key)).await
+        let body = serde_json::to_value(body).unwrap_or(Value::Null);
+        let v = self.call(method, path, Some(body), Some(&key)).await?;
+        typed(v, path)
     }
 
     async fn call(

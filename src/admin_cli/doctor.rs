@@ -1,9 +1,18 @@
 //! `modelforge admin doctor <node>`: the runbook's Diagnose step for one node, decided by a
 //! plain function over what the API shows ([`diagnose`]), so every verdict is unit-tested.
 
+use std::time::Duration;
+
 use modelforge_proto::api;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::NodeStatus;
 use serde_json::Value;
 use serde_json::json;
+
+use super::AdminArgs;
+use super::Fail;
+use super::client::Client;
+use super::output::emit_or_quiet;
 
 /// What the doctor decided. The exit code is documented in README.md and the runbook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,11 +50,11 @@ impl Verdict {
 }
 
 /// The facts the verdict rests on, read from the node view and its credentials.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Facts {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
-    pub status: String,
+    pub status: NodeStatus,
     pub decommissioned_at: Option<String>,
     pub last_heartbeat_at: Option<String>,
     pub last_heartbeat_ms: Option<i64>,
@@ -54,7 +63,7 @@ pub struct Facts {
     pub active: u64,
     pub revoked: u64,
     pub active_last_used_at: Option<String>,
-    pub hostname_conflicts: Vec<String>,
+    pub hostname_conflicts: Vec<NodeId>,
     pub accelerators: usize,
     pub accelerators_verified: bool,
     pub view_rebuilt_at: Option<String>,
@@ -81,7 +90,7 @@ impl Facts {
         Facts {
             node_id: n.node_id.clone(),
             hostname: n.hostname.clone(),
-            status: n.status.clone(),
+            status: n.status,
             decommissioned_at: n.decommissioned_at.clone(),
             last_heartbeat_at: n.last_heartbeat_at.clone(),
             last_heartbeat_ms: n.last_heartbeat_at.as_deref().and_then(ms),
@@ -102,7 +111,7 @@ impl Facts {
 
 /// The runbook case for `f`, in the runbook's order of precedence.
 pub fn diagnose(f: &Facts) -> Verdict {
-    if f.status == "decommissioned" || f.decommissioned_at.is_some() {
+    if f.status == NodeStatus::Decommissioned || f.decommissioned_at.is_some() {
         return Verdict::Decommissioned;
     }
     // A refusal newer than the last accepted heartbeat is what the agent hears now.
@@ -118,7 +127,7 @@ pub fn diagnose(f: &Facts) -> Verdict {
     if f.active == 0 {
         return Verdict::CredentialRevoked;
     }
-    if f.status != "online" {
+    if f.status != NodeStatus::Online {
         return Verdict::AgentSilent;
     }
     if !f.hostname_conflicts.is_empty() {
@@ -306,6 +315,36 @@ pub fn report_text(f: &Facts, v: Verdict) -> String {
     out
 }
 
+pub(super) async fn doctor_cmd(
+    args: &AdminArgs,
+    c: &mut Client,
+    node_id: &str,
+    wait: Option<Duration>,
+) -> Result<i32, Fail> {
+    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    loop {
+        let (node, _): (api::NodeDetail, _) = c
+            .get_typed(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
+            .await?;
+        let (creds, _): (api::Credentials, _) = c
+            .get_typed(&format!(
+                "/api/v1/admin/hardware/nodes/{node_id}/credentials"
+            ))
+            .await?;
+        let facts = Facts::from_api(&node, &creds);
+        let verdict = diagnose(&facts);
+        let waiting = deadline.is_some_and(|d| tokio::time::Instant::now() < d);
+        if verdict == Verdict::Healthy || !waiting {
+            let v = report_json(&facts, verdict);
+            emit_or_quiet(args, &v, vec![verdict.name().to_string()], || {
+                report_text(&facts, verdict)
+            });
+            return Ok(verdict.exit_code());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,11 +353,18 @@ mod tests {
         Facts {
             node_id: "n1".into(),
             hostname: "gpu-1".into(),
-            status: "online".into(),
+            status: NodeStatus::Online,
+            decommissioned_at: None,
+            last_heartbeat_at: None,
             last_heartbeat_ms: Some(10_000),
+            last_refusal: None,
             active: 1,
             revoked: 0,
-            ..Default::default()
+            active_last_used_at: None,
+            hostname_conflicts: vec![],
+            accelerators: 0,
+            accelerators_verified: false,
+            view_rebuilt_at: None,
         }
     }
 
@@ -334,9 +380,9 @@ mod tests {
         f.last_refusal = Some((401, String::new(), 9_000));
         assert_eq!(diagnose(&f), Verdict::Healthy);
         let mut f = healthy();
-        f.status = "stale".into();
+        f.status = NodeStatus::Stale;
         assert_eq!(diagnose(&f), Verdict::AgentSilent);
-        f.status = "never_seen".into();
+        f.status = NodeStatus::NeverSeen;
         f.last_heartbeat_ms = None;
         assert_eq!(diagnose(&f), Verdict::AgentSilent);
         let mut f = healthy();
@@ -349,7 +395,7 @@ mod tests {
         let (_, cmds) = advice(&f, Verdict::HostnameConflict);
         assert!(cmds.iter().any(|c| c.contains("decommission preview n0")));
         let mut f = healthy();
-        f.status = "decommissioned".into();
+        f.status = NodeStatus::Decommissioned;
         f.active = 0;
         assert_eq!(diagnose(&f), Verdict::Decommissioned);
     }

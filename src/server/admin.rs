@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::Shared;
 use super::extract::AdminNode;
 use super::extract::JsonBody;
-use super::extract::check_id;
+use super::extract::parse_id;
 use super::extract::request_id;
 use super::extract::require_admin;
 use crate::error::ApiError;
@@ -30,23 +30,19 @@ use crate::state::State as Replicated;
 use crate::supervisor::NodeLive;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::NodeStatus;
+use modelforge_proto::ids::PreviewId;
+use modelforge_proto::ids::TokenId;
+use modelforge_proto::ids::TokenState;
 
 const MAX_NOTE_LEN: usize = 1024;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateEnrollment {
-    #[serde(default)]
-    ttl_seconds: Option<u64>,
-    #[serde(default)]
-    note: Option<String>,
-}
 
 /// `POST /api/v1/admin/node-enrollments`: the token is shown once; only its hash is kept.
 pub async fn create_enrollment(
     State(ctx): State<Shared>,
     headers: HeaderMap,
-    JsonBody(req): JsonBody<CreateEnrollment>,
+    JsonBody(req): JsonBody<api::CreateEnrollment>,
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     let ttl = req.ttl_seconds.unwrap_or(ctx.cfg.default_token_ttl_s);
@@ -73,7 +69,7 @@ pub async fn create_enrollment(
     let token = Secret::generate(SecretKind::EnrollmentToken);
     let hash = ctx.hasher.hash(token.expose().to_string()).await?;
     let cmd = Command::CreateToken {
-        token_id: token.id().to_string(),
+        token_id: TokenId::from(token.id()),
         hash,
         ttl_ms: (ttl as i64) * 1000,
         note: req.note,
@@ -84,7 +80,7 @@ pub async fn create_enrollment(
             expires_at_ms,
             ..
         } if token_id == token.id() => {
-            tracing::info!(enrollment_id = token_id, "enrolment token created");
+            tracing::info!(enrollment_id = %token_id, "enrolment token created");
             let body = api::TokenIssued {
                 enrollment_id: token_id,
                 token: token.expose().to_string(),
@@ -125,7 +121,7 @@ pub async fn list_enrollments(
             enrollment_id: t.token_id.clone(),
             created_at: rfc3339_ms(t.created_at_ms),
             expires_at: rfc3339_ms(t.expires_at_ms),
-            state: t.state_at(now).as_str().to_string(),
+            state: t.state_at(now),
             claimed_node_id: t.claim.as_ref().map(|c| c.node_id.clone()),
             claimed_at: t.claim.as_ref().map(|c| rfc3339_ms(c.claimed_at_ms)),
             cancelled_at: t.cancelled_at_ms.map(rfc3339_ms),
@@ -142,7 +138,7 @@ pub async fn cancel_enrollment(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
-    check_id("enrollment_id", &id)?;
+    let id: TokenId = parse_id("enrollment_id", &id)?;
     let rid = request_id(&headers, &format!("admin enrollment.cancel {id}"), &())?;
     // Refuse what cannot succeed without a replicated write (a bad request changes nothing);
     // apply decides again, for the races.
@@ -154,7 +150,7 @@ pub async fn cancel_enrollment(
     {
         Outcome::TokenCancelled { token_id } => Ok(axum::Json(api::EnrollmentCancelled {
             enrollment_id: token_id,
-            state: "cancelled".into(),
+            state: TokenState::Cancelled,
         })
         .into_response()),
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
@@ -179,7 +175,7 @@ pub fn status_of(
     node: &Node,
     live: &NodeLive,
     now: i64,
-) -> &'static str {
+) -> NodeStatus {
     node_status(
         node.decommissioned_at_ms.is_some(),
         last_seen(s, node, live),
@@ -198,11 +194,11 @@ fn node_summary(
     now: i64,
 ) -> api::NodeSummary {
     let seen = last_seen(s, node, live);
-    let conflicts: Vec<&str> = match s.enabled_by_hostname.get(&node.hostname) {
+    let conflicts: Vec<NodeId> = match s.enabled_by_hostname.get(&node.hostname) {
         Some(ids) if node.enabled => ids
             .iter()
-            .map(String::as_str)
-            .filter(|o| *o != node.node_id)
+            .filter(|o| **o != node.node_id)
+            .cloned()
             .collect(),
         _ => vec![],
     };
@@ -214,7 +210,7 @@ fn node_summary(
         hostname: node.hostname.clone(),
         identity_public_key: node.public_key.clone(),
         enabled: node.enabled,
-        status: status_of(ctx, s, node, live, now).to_string(),
+        status: status_of(ctx, s, node, live, now),
         last_heartbeat_at: seen.map(rfc3339_ms),
         accelerators: node.inventory.accelerators.clone(),
         accelerators_verified: verified_at.is_some(),
@@ -228,7 +224,7 @@ fn node_summary(
         enrolled_at: rfc3339_ms(node.enrolled_at_ms),
         decommissioned_at: node.decommissioned_at_ms.map(rfc3339_ms),
         active_credentials: s.active_credentials(&node.node_id).len(),
-        hostname_conflicts: conflicts.into_iter().map(String::from).collect(),
+        hostname_conflicts: conflicts,
     }
 }
 
@@ -293,7 +289,7 @@ pub async fn show_node(
         .iter()
         .map(|e| api::HistoryEntry {
             at: rfc3339_ms(e.at_ms),
-            kind: e.kind.clone(),
+            kind: e.kind,
             detail: e.detail.clone(),
             count: e.count,
         })
@@ -367,24 +363,15 @@ pub async fn list_credentials(
     .into_response())
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RevokeBody {
-    #[serde(default)]
-    reason: Option<String>,
-}
-
 /// `DELETE /api/v1/admin/hardware/nodes/{node_id}/credential`: when this returns 200, no member
 /// accepts the revoked credentials (heartbeats are served only by a leader holding its lease,
 /// after applying everything committed).
 pub async fn revoke_credential(
     State(ctx): State<Shared>,
+    AdminNode(node_id): AdminNode,
     headers: HeaderMap,
-    Path(node_id): Path<String>,
-    JsonBody(body): JsonBody<RevokeBody>,
+    JsonBody(body): JsonBody<api::RevokeRequest>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
     let reason = body
         .reason
         .unwrap_or_else(|| "revoked by admin".to_string());
@@ -399,13 +386,6 @@ pub async fn revoke_credential(
         &format!("admin credential.revoke {node_id}"),
         &reason,
     )?;
-    ctx.linearize().await?;
-    if !ctx.app.read().nodes.contains_key(&node_id) {
-        return Err(ApiError::new(
-            ErrorCode::NodeNotFound,
-            "no node with this id",
-        ));
-    }
     match ctx
         .propose(
             "admin",
@@ -418,7 +398,7 @@ pub async fn revoke_credential(
         .await?
     {
         Outcome::Revoked { credential_ids } => {
-            tracing::info!(node_id, revoked = ?credential_ids, "credentials revoked");
+            tracing::info!(node_id = %node_id, revoked = ?credential_ids, "credentials revoked");
             Ok(axum::Json(api::Revoked {
                 node_id,
                 revoked: credential_ids,
@@ -455,33 +435,24 @@ fn preview_json(p: &crate::state::DecommissionPreview) -> api::DecommissionPrevi
 /// "Decommission: preview, then execute").
 pub async fn decommission_preview(
     State(ctx): State<Shared>,
+    AdminNode(node_id): AdminNode,
     headers: HeaderMap,
-    Path(node_id): Path<String>,
-    JsonBody(_): JsonBody<EmptyBody>,
+    JsonBody(_): JsonBody<api::EmptyRequest>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
     let rid = request_id(
         &headers,
         &format!("admin decommission.preview {node_id}"),
         &(),
     )?;
-    ctx.linearize().await?;
-    if !ctx.app.read().nodes.contains_key(&node_id) {
-        return Err(ApiError::new(
-            ErrorCode::NodeNotFound,
-            "no node with this id",
-        ));
-    }
     let cmd = Command::PreviewDecommission {
-        preview_id: modelforge_proto::new_uuid(),
+        preview_id: PreviewId::random(),
         node_id: node_id.clone(),
     };
     match ctx.propose("admin", rid, cmd).await? {
         Outcome::DecommissionPreviewed { preview } => {
             tracing::info!(
-                node_id,
-                preview_id = preview.preview_id,
+                node_id = %node_id,
+                preview_id = %preview.preview_id,
                 "decommission previewed"
             );
             Ok(axum::Json(preview_json(&preview)).into_response())
@@ -490,28 +461,15 @@ pub async fn decommission_preview(
     }
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct EmptyBody {}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecuteBody {
-    preview_id: String,
-    reason: String,
-}
-
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/decommission/execute` `{preview_id, reason}`:
 /// applies the preview's effects in one replicated step if they are unchanged, else 409.
 pub async fn decommission_execute(
     State(ctx): State<Shared>,
+    AdminNode(node_id): AdminNode,
     headers: HeaderMap,
-    Path(node_id): Path<String>,
-    JsonBody(body): JsonBody<ExecuteBody>,
+    JsonBody(body): JsonBody<api::ExecuteDecommission>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
-    check_id("preview_id", &body.preview_id)?;
+    let preview_id: PreviewId = parse_id("preview_id", &body.preview_id)?;
     let reason = body.reason.trim().to_string();
     if reason.is_empty() || reason.len() > MAX_NOTE_LEN || reason.chars().any(|c| c.is_control()) {
         return Err(ApiError::new(
@@ -522,26 +480,20 @@ pub async fn decommission_execute(
     let rid = request_id(
         &headers,
         &format!("admin decommission.execute {node_id}"),
-        &(&body.preview_id, &reason),
+        &(&preview_id, &reason),
     )?;
-    // What needs no decision by consensus is refused before proposing; apply decides the rest
-    // (stale, expired, already decommissioned), and audits it.
-    ctx.linearize().await?;
+    // What needs no decision by consensus is refused before proposing (the node exists:
+    // `AdminNode`); apply decides the rest (stale, expired, already decommissioned), and
+    // audits it.
     {
         let s = ctx.app.read();
-        if !s.nodes.contains_key(&node_id) {
-            return Err(ApiError::new(
-                ErrorCode::NodeNotFound,
-                "no node with this id",
-            ));
-        }
         // A retry of an answered execute gets its answer, even once the preview is gone.
         if !s.dedup.contains_key(&rid) {
-            s.check_preview_target(&body.preview_id, &node_id)?;
+            s.check_preview_target(&preview_id, &node_id)?;
         }
     }
     let cmd = Command::ExecuteDecommission {
-        preview_id: body.preview_id.clone(),
+        preview_id: preview_id.clone(),
         node_id: node_id.clone(),
         reason,
     };
@@ -551,13 +503,13 @@ pub async fn decommission_execute(
             decommissioned_at_ms,
             effects,
         } => {
-            tracing::info!(node_id, revoked = ?effects.credentials_to_revoke, "node decommissioned");
+            tracing::info!(node_id = %node_id, revoked = ?effects.credentials_to_revoke, "node decommissioned");
             Ok(axum::Json(api::Decommissioned {
                 node_id,
-                status: "decommissioned".into(),
+                status: NodeStatus::Decommissioned,
                 enabled: false,
                 decommissioned_at: rfc3339_ms(decommissioned_at_ms),
-                preview_id: body.preview_id.clone(),
+                preview_id,
                 revoked: effects.credentials_to_revoke,
                 hostname_conflicts_resolved: effects.hostname_conflicts_resolved,
                 claims_spent: effects.claims_to_spend,

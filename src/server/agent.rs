@@ -30,13 +30,17 @@ use modelforge_proto::wire::Telemetry;
 use super::Shared;
 use super::extract::JsonBody;
 use super::extract::bearer;
-use super::extract::check_id;
+use super::extract::parse_id;
 use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
 use crate::state::inventory_digest;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::SmokeId;
+use modelforge_proto::ids::TokenId;
 
 const MAX_ACCELERATORS: usize = 256;
 const MAX_STORAGE_ROOTS: usize = 64;
@@ -102,7 +106,11 @@ pub async fn enroll(
     // The same check apply makes, asked before the argon2 verify (apply decides again).
     let hash = {
         let s = ctx.app.read();
-        match s.check_claim(token.id(), &req.identity.public_key, now_ms()) {
+        match s.check_claim(
+            &TokenId::from(token.id()),
+            &req.identity.public_key,
+            now_ms(),
+        ) {
             Ok(t) => t.hash.clone(),
             Err(refusal) => {
                 let e = ApiError::from(refusal);
@@ -127,12 +135,12 @@ pub async fn enroll(
     }
     let (credential, credential_hash) = ctx.mint.mint(&ctx.hasher).await?;
     let cmd = Command::Enroll {
-        token_id: token.id().to_string(),
+        token_id: TokenId::from(token.id()),
         public_key: req.identity.public_key.clone(),
         hostname: req.hostname.clone(),
         inventory: req.inventory.clone(),
-        new_node_id: modelforge_proto::new_uuid(),
-        credential_id: credential.id().to_string(),
+        new_node_id: NodeId::random(),
+        credential_id: CredentialId::from(credential.id()),
         credential_hash,
     };
     let actor = format!(
@@ -149,8 +157,8 @@ pub async fn enroll(
             reenrolled,
         } => {
             tracing::info!(
-                node_id,
-                credential_id,
+                node_id = %node_id,
+                credential_id = %credential_id,
                 reenrolled,
                 enrollment_id = token.id(),
                 "node enrolled"
@@ -174,26 +182,26 @@ async fn authenticate(
     ctx: &Shared,
     node_id: &str,
     headers: &HeaderMap,
-) -> Result<String, ApiError> {
-    check_id("node_id", node_id)?;
+) -> Result<(NodeId, CredentialId), ApiError> {
+    let node_id: NodeId = parse_id("node_id", node_id)?;
     // Credentials minted ahead yield the CPU while agents are being served.
     ctx.mint.note_foreground(now_ms());
-    let result = authenticate_inner(ctx, node_id, headers).await;
+    let result = authenticate_inner(ctx, &node_id, headers).await;
     if let Err(e) = &result
         && matches!(e.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
     {
         // The shard keeps it only for nodes that exist; never a replicated write per refusal.
-        ctx.live.sup.refused(node_id, e.status.as_u16(), now_ms());
-        tracing::debug!(node_id, code = e.code.as_str(), "agent request refused");
+        ctx.live.sup.refused(&node_id, e.status.as_u16(), now_ms());
+        tracing::debug!(node_id = %node_id, code = e.code.as_str(), "agent request refused");
     }
-    result
+    result.map(|credential_id| (node_id, credential_id))
 }
 
 async fn authenticate_inner(
     ctx: &Shared,
-    node_id: &str,
+    node_id: &NodeId,
     headers: &HeaderMap,
-) -> Result<String, ApiError> {
+) -> Result<CredentialId, ApiError> {
     let presented = bearer(headers)?;
     let secret = Secret::parse(SecretKind::NodeCredential, presented).map_err(|e| {
         ApiError::new(
@@ -245,17 +253,17 @@ async fn authenticate_inner(
             .cache_hits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    if owner != node_id {
+    if owner != *node_id {
         return Err(ApiError::new(
             ErrorCode::CredentialForOtherNode,
             "the credential is valid but belongs to another node",
         ));
     }
-    Ok(secret.id().to_string())
+    Ok(CredentialId::from(secret.id()))
 }
 
 /// Note a use of `credential_id`: the first is replicated before answering, later ones coalesced.
-async fn record_use(ctx: &Shared, credential_id: &str) -> Result<(), ApiError> {
+async fn record_use(ctx: &Shared, credential_id: &CredentialId) -> Result<(), ApiError> {
     let now = now_ms();
     let first = ctx
         .app
@@ -265,7 +273,7 @@ async fn record_use(ctx: &Shared, credential_id: &str) -> Result<(), ApiError> {
         .is_some_and(|c| c.last_used_at_ms.is_none());
     if first {
         let cmd = Command::TouchCredentials {
-            uses: vec![(credential_id.to_string(), now)],
+            uses: vec![(credential_id.clone(), now)],
         };
         ctx.propose("system", format!("first-use-{credential_id}"), cmd)
             .await?;
@@ -282,7 +290,7 @@ pub async fn heartbeat(
     headers: HeaderMap,
     JsonBody(telemetry): JsonBody<Telemetry>,
 ) -> Result<Response, ApiError> {
-    let credential_id = authenticate(&ctx, &node_id, &headers).await?;
+    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers).await?;
     record_use(&ctx, &credential_id).await?;
     let now = now_ms();
     // A heartbeat that names accelerators is a fresh hardware report.
@@ -348,8 +356,8 @@ pub async fn smoke_report(
     headers: HeaderMap,
     JsonBody(report): JsonBody<SmokeReport>,
 ) -> Result<Response, ApiError> {
-    let credential_id = authenticate(&ctx, &node_id, &headers).await?;
-    check_id("smoke_id", &smoke_id)?;
+    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers).await?;
+    let smoke_id: SmokeId = parse_id("smoke_id", &smoke_id)?;
     if report.checks.is_empty() || report.checks.len() > 1024 {
         return Err(ApiError::new(
             ErrorCode::InvalidSmokeReport,
@@ -397,7 +405,7 @@ pub async fn inventory(
     headers: HeaderMap,
     JsonBody(inv): JsonBody<Inventory>,
 ) -> Result<Response, ApiError> {
-    let credential_id = authenticate(&ctx, &node_id, &headers).await?;
+    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers).await?;
     check_inventory(&inv)?;
     record_use(&ctx, &credential_id).await?;
     ctx.live.sup.report(&node_id, now_ms());

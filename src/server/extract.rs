@@ -10,6 +10,8 @@ use super::Ctx;
 use crate::error::ApiError;
 use crate::secrets;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::ids::Id;
+use modelforge_proto::ids::NodeId;
 
 /// A JSON body. An empty body reads as `{}`. Errors never echo the input (it may hold a
 /// secret): a data error names the position, a missing field names the field.
@@ -109,20 +111,15 @@ pub fn require_admin(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Ids are opaque but tame: 1..=64 of `[A-Za-z0-9_-]`, so no id can carry a path.
-pub fn check_id(what: &'static str, id: &str) -> Result<(), ApiError> {
-    if id.is_empty()
-        || id.len() > 64
-        || !id
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
-    {
-        return Err(ApiError::new(
+/// An id from a path or a body, typed. Ids are opaque but tame (`modelforge_proto::ids::is_tame`:
+/// 1..=64 of `[A-Za-z0-9_-]`), so no id can carry a path.
+pub fn parse_id<T: Id>(what: &'static str, id: &str) -> Result<T, ApiError> {
+    T::parse(id).ok_or_else(|| {
+        ApiError::new(
             ErrorCode::InvalidId,
             format!("{what} must be 1 to 64 letters, digits, '-' or '_'"),
-        ));
-    }
-    Ok(())
+        )
+    })
 }
 
 /// The request id of a write: derived from `Idempotency-Key` when given (so a retry of the
@@ -167,7 +164,7 @@ pub fn request_id(
 /// "An admin asks about an existing node": the admin token, a well-formed `{node_id}` from the
 /// path, a linearized read, and the node exists (nodes are never deleted, so it still does
 /// when the handler reads it). Its id.
-pub struct AdminNode(pub String);
+pub struct AdminNode(pub NodeId);
 
 impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
     type Rejection = ApiError;
@@ -182,8 +179,7 @@ impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
         >::from_request_parts(parts, ctx)
         .await
         .map_err(|_| ApiError::new(ErrorCode::InvalidId, "the path does not name a node"))?;
-        let node_id = params.get("node_id").cloned().unwrap_or_default();
-        check_id("node_id", &node_id)?;
+        let node_id: NodeId = parse_id("node_id", params.get("node_id").map_or("", |s| s))?;
         ctx.linearize().await?;
         if !ctx.app.read().nodes.contains_key(&node_id) {
             return Err(ApiError::of(ErrorCode::NodeNotFound));

@@ -21,11 +21,11 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use modelforge_proto::now_ms;
 use modelforge_proto::rfc3339_ms;
-use serde::Deserialize;
 
 use super::Shared;
+use super::extract::AdminNode;
 use super::extract::JsonBody;
-use super::extract::check_id;
+use super::extract::parse_id;
 use super::extract::request_id;
 use super::extract::require_admin;
 use crate::error::ApiError;
@@ -34,14 +34,10 @@ use crate::state::Outcome;
 use crate::state::State as Replicated;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllocationRequest {
-    accelerators: u32,
-    min_memory_mib: Option<u64>,
-    owner: String,
-}
+use modelforge_proto::ids::AllocationId;
+use modelforge_proto::ids::AllocationState;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::SmokeId;
 
 /// Whether this member has a hardware report of `node_id` since it last rebuilt its view.
 fn verified(live: Option<&crate::supervisor::NodeLive>, rebuilt_at: i64) -> bool {
@@ -57,7 +53,7 @@ fn online(ctx: &Shared, live: Option<&crate::supervisor::NodeLive>, now: i64) ->
 
 /// GPUs of a node free for placement, with at least `min_mib` of memory (unknown memory
 /// counts as not enough when a minimum is asked).
-fn free_gpus(s: &Replicated, node_id: &str, min_mib: Option<u64>) -> Vec<String> {
+fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<String> {
     let Some(node) = s.nodes.get(node_id) else {
         return vec![];
     };
@@ -79,7 +75,7 @@ fn free_gpus(s: &Replicated, node_id: &str, min_mib: Option<u64>) -> Vec<String>
 pub async fn allocate(
     State(ctx): State<Shared>,
     headers: HeaderMap,
-    JsonBody(req): JsonBody<AllocationRequest>,
+    JsonBody(req): JsonBody<api::AllocationRequest>,
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
     if req.accelerators == 0 || req.accelerators > 256 {
@@ -125,7 +121,7 @@ pub async fn allocate(
     let now = now_ms();
     let choice = {
         let s = ctx.app.read();
-        let mut best: Option<(usize, String, Vec<String>)> = None;
+        let mut best: Option<(usize, NodeId, Vec<String>)> = None;
         for (id, node) in &s.nodes {
             let l = live.get(id).map(|(l, _)| l);
             if !node.enabled
@@ -153,7 +149,7 @@ pub async fn allocate(
         ));
     };
     let cmd = Command::Allocate {
-        allocation_id: modelforge_proto::new_uuid(),
+        allocation_id: AllocationId::random(),
         node_id,
         accelerator_uuids: free.into_iter().take(req.accelerators as usize).collect(),
         owner: req.owner,
@@ -171,12 +167,12 @@ pub async fn allocate(
     }
 }
 
-fn created(allocation_id: &str, node_id: &str, uuids: &[String]) -> Response {
+fn created(allocation_id: &AllocationId, node_id: &NodeId, uuids: &[String]) -> Response {
     (
         StatusCode::CREATED,
         axum::Json(api::AllocationPlaced {
-            allocation_id: allocation_id.to_string(),
-            node_id: node_id.to_string(),
+            allocation_id: allocation_id.clone(),
+            node_id: node_id.clone(),
             accelerator_uuids: uuids.to_vec(),
         }),
     )
@@ -190,7 +186,7 @@ pub async fn release(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     require_admin(&ctx, &headers)?;
-    check_id("allocation_id", &allocation_id)?;
+    let allocation_id: AllocationId = parse_id("allocation_id", &allocation_id)?;
     let rid = request_id(
         &headers,
         &format!("admin allocation.release {allocation_id}"),
@@ -227,17 +223,16 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
             .sched
             .allocations
             .values()
-            .filter(|a| &a.node_id == id)
+            .filter(|a| a.node_id == id)
             .map(|a| api::AllocationView {
                 allocation_id: a.allocation_id.clone(),
                 owner: a.owner.clone(),
                 accelerator_uuids: a.accelerator_uuids.clone(),
                 state: if a.confirmed {
-                    "confirmed"
+                    AllocationState::Confirmed
                 } else {
-                    "unconfirmed"
-                }
-                .into(),
+                    AllocationState::Unconfirmed
+                },
                 created_at: rfc3339_ms(a.created_at_ms),
             })
             .collect();
@@ -284,17 +279,16 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/smoke` -> 202 `{smoke_id}`.
 pub async fn start_smoke(
     State(ctx): State<Shared>,
-    Path(node_id): Path<String>,
+    AdminNode(node_id): AdminNode,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
     let rid = request_id(&headers, &format!("admin smoke.start {node_id}"), &())?;
-    let smoke_id = format!("smk-{}", &rid.replace('-', "")[..20.min(rid.len())]);
-    let cmd = Command::StartSmoke {
-        smoke_id: smoke_id.clone(),
-        node_id,
-    };
+    // Derived from the request id, so a retry names the same smoke.
+    let smoke_id = SmokeId::from(format!(
+        "smk-{}",
+        &rid.replace('-', "")[..20.min(rid.len())]
+    ));
+    let cmd = Command::StartSmoke { smoke_id, node_id };
     match ctx.propose("admin", rid, cmd).await? {
         Outcome::SmokeStarted { smoke_id } => Ok((
             StatusCode::ACCEPTED,
@@ -310,13 +304,10 @@ pub async fn start_smoke(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}`.
 pub async fn show_smoke(
     State(ctx): State<Shared>,
-    Path((node_id, smoke_id)): Path<(String, String)>,
-    headers: HeaderMap,
+    AdminNode(node_id): AdminNode,
+    Path((_, smoke_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
-    check_id("node_id", &node_id)?;
-    check_id("smoke_id", &smoke_id)?;
-    ctx.linearize().await?;
+    let smoke_id: SmokeId = parse_id("smoke_id", &smoke_id)?;
     let s = ctx.app.read();
     let Some(smoke) = s
         .sched
@@ -332,7 +323,7 @@ pub async fn show_smoke(
     Ok(axum::Json(api::SmokeView {
         smoke_id: smoke.smoke_id.clone(),
         node_id: smoke.node_id.clone(),
-        state: smoke.state.as_str().to_string(),
+        state: smoke.state,
         checks: smoke.checks.clone(),
         created_at: rfc3339_ms(smoke.created_at_ms),
         finished_at: smoke.finished_at_ms.map(rfc3339_ms),
@@ -345,7 +336,7 @@ pub async fn show_smoke(
 /// path (spawned); at most one write per report, none when nothing is to be changed.
 pub fn reconcile_after_report(
     ctx: &Shared,
-    node_id: &str,
+    node_id: &NodeId,
     present: BTreeSet<String>,
     busy: BTreeSet<String>,
 ) {
@@ -362,7 +353,7 @@ pub fn reconcile_after_report(
     if !needed {
         return;
     }
-    let (ctx, node_id) = (ctx.clone(), node_id.to_string());
+    let (ctx, node_id) = (ctx.clone(), node_id.clone());
     tokio::spawn(async move {
         let cmd = Command::Reconcile {
             node_id: node_id.clone(),
@@ -375,7 +366,7 @@ pub fn reconcile_after_report(
             .await
         {
             tracing::warn!(
-                node_id,
+                node_id = %node_id,
                 code = e.code.as_str(),
                 "scheduler reconcile not written"
             );

@@ -3,6 +3,10 @@
 use std::time::Duration;
 
 use modelforge_proto::api;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::NodeStatus;
 use modelforge_proto::now_ms;
 use modelforge_raft::network::PEER_HEADER;
 
@@ -109,7 +113,7 @@ pub(super) async fn write_coalesced_uses(ctx: Shared) {
         if uses.is_empty() || !ctx.consensus.is_leader() {
             continue;
         }
-        let due: Vec<(String, i64)> = {
+        let due: Vec<(CredentialId, i64)> = {
             let s = ctx.app.read();
             uses.into_iter()
                 .filter(|(id, at)| {
@@ -157,19 +161,21 @@ pub(super) async fn record_node_events(ctx: Shared) {
                     continue;
                 };
                 let status = admin::status_of(&ctx, &s, node, l, now);
-                if status != "never_seen" && l.recorded_status != Some(status) {
+                if status != NodeStatus::NeverSeen && l.recorded_status != Some(status) {
                     transitions.push((node.node_id.clone(), status));
                 }
             }
         }
         let refusals = ctx.live.sup.flush(transitions.clone()).await;
-        let mut events: Vec<(String, String, String, u32)> = transitions
+        let mut events: Vec<(NodeId, HistoryKind, String, u32)> = transitions
             .into_iter()
-            .map(|(n, s)| (n, "status".to_string(), s.to_string(), 1))
+            .map(|(n, s)| (n, HistoryKind::Status, s.to_string(), 1))
             .collect();
-        events.extend(refusals.into_iter().map(|(n, status, count)| {
-            (n, "request_refused".to_string(), status.to_string(), count)
-        }));
+        events.extend(
+            refusals.into_iter().map(|(n, status, count)| {
+                (n, HistoryKind::RequestRefused, status.to_string(), count)
+            }),
+        );
         if events.is_empty() {
             continue;
         }

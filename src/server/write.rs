@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::ids::NodeId;
 use modelforge_proto::now_ms;
 use modelforge_raft::WriteError;
 use modelforge_raft::codec;
@@ -88,7 +89,7 @@ impl Ctx {
     /// not retried by id).
     pub async fn propose_for_agent(
         &self,
-        node_id: &str,
+        node_id: &NodeId,
         command: Command,
     ) -> Result<Outcome, ApiError> {
         self.propose(

@@ -7,6 +7,8 @@ use std::collections::BTreeSet;
 
 use super::State;
 use super::verify_audit_chain;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::TokenId;
 
 impl State {
     /// What `apply` asserts after every command in debug builds: every invariant, except that
@@ -129,7 +131,7 @@ impl State {
 
     /// A token mints at most one identity: every credential issued on it is its claimant's.
     fn check_tokens(&self) -> Result<(), String> {
-        let mut holders: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        let mut holders: BTreeMap<&TokenId, BTreeSet<&NodeId>> = BTreeMap::new();
         for c in self.credentials.values() {
             if let Some(t) = &c.token_id {
                 holders.entry(t).or_default().insert(&c.node_id);
@@ -142,7 +144,7 @@ impl State {
             let Some(claim) = &token.claim else {
                 return Err(format!("token {token_id} issued credentials with no claim"));
             };
-            if nodes.len() > 1 || !nodes.contains(claim.node_id.as_str()) {
+            if nodes.len() > 1 || !nodes.contains(&claim.node_id) {
                 return Err(format!(
                     "token {token_id} claimed by {} issued credentials to {nodes:?}",
                     claim.node_id

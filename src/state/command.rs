@@ -1,6 +1,13 @@
 //! Commands, the envelope every command travels in, and what applying one answers.
 
 use modelforge_proto::api::ErrorCode as RefusalCode;
+use modelforge_proto::ids::AllocationId;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::PreviewId;
+use modelforge_proto::ids::SmokeId;
+use modelforge_proto::ids::TokenId;
 use modelforge_proto::wire::Inventory;
 use serde::Deserialize;
 use serde::Serialize;
@@ -26,39 +33,39 @@ pub struct Envelope {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Command {
     CreateToken {
-        token_id: String,
+        token_id: TokenId,
         hash: String,
         ttl_ms: i64,
         note: Option<String>,
     },
     CancelToken {
-        token_id: String,
+        token_id: TokenId,
     },
     Enroll {
-        token_id: String,
+        token_id: TokenId,
         public_key: String,
         hostname: String,
         inventory: Inventory,
         /// Used only if the identity is new: the leader picks it, so apply stays deterministic.
-        new_node_id: String,
-        credential_id: String,
+        new_node_id: NodeId,
+        credential_id: CredentialId,
         credential_hash: String,
     },
     RevokeCredentials {
-        node_id: String,
+        node_id: NodeId,
         reason: String,
     },
     /// Coalesced `last_used_at` updates: (credential id, used at).
     TouchCredentials {
-        uses: Vec<(String, i64)>,
+        uses: Vec<(CredentialId, i64)>,
     },
     UpdateInventory {
-        node_id: String,
+        node_id: NodeId,
         inventory: Inventory,
     },
     /// Coalesced node events from the heartbeat-processing member: (node, kind, detail, count).
     RecordEvents {
-        events: Vec<(String, String, String, u32)>,
+        events: Vec<(NodeId, HistoryKind, String, u32)>,
     },
     /// An admin took a backup (audit only): which member, at which index, its digest.
     RecordBackup {
@@ -68,40 +75,40 @@ pub enum Command {
     },
     /// Place an allocation on GPUs the leader chose from what it measured.
     Allocate {
-        allocation_id: String,
-        node_id: String,
+        allocation_id: AllocationId,
+        node_id: NodeId,
         accelerator_uuids: Vec<String>,
         owner: String,
         idempotency_key: Option<String>,
     },
     Release {
-        allocation_id: String,
+        allocation_id: AllocationId,
     },
     /// A node's fresh report: GPUs present, and those running something.
     Reconcile {
-        node_id: String,
+        node_id: NodeId,
         present: Vec<String>,
         busy: Vec<String>,
     },
     StartSmoke {
-        smoke_id: String,
-        node_id: String,
+        smoke_id: SmokeId,
+        node_id: NodeId,
     },
     SmokeResult {
-        smoke_id: String,
-        node_id: String,
+        smoke_id: SmokeId,
+        node_id: NodeId,
         checks: Vec<sched::SmokeCheck>,
     },
     /// Compute and record what decommissioning `node_id` would do, bound to the state now.
     PreviewDecommission {
         /// Chosen by the leader, so apply stays deterministic.
-        preview_id: String,
-        node_id: String,
+        preview_id: PreviewId,
+        node_id: NodeId,
     },
     /// Apply a recorded preview, only if its effects are unchanged.
     ExecuteDecommission {
-        preview_id: String,
-        node_id: String,
+        preview_id: PreviewId,
+        node_id: NodeId,
         reason: String,
     },
 }
@@ -141,15 +148,15 @@ impl Command {
     /// What an audit row of this command names, given its answer.
     pub fn audit_target(&self, result: &ApplyResult) -> String {
         match (self, result) {
-            (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.clone(),
+            (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.to_string(),
             (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id }, _) => {
-                token_id.clone()
+                token_id.to_string()
             }
             (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
-            (Command::Allocate { node_id, .. }, _) => node_id.clone(),
-            (Command::Release { allocation_id }, _) => allocation_id.clone(),
+            (Command::Allocate { node_id, .. }, _) => node_id.to_string(),
+            (Command::Release { allocation_id }, _) => allocation_id.to_string(),
             (Command::StartSmoke { node_id, .. }, _)
-            | (Command::SmokeResult { node_id, .. }, _) => node_id.clone(),
+            | (Command::SmokeResult { node_id, .. }, _) => node_id.to_string(),
             (
                 Command::RecordBackup {
                     member,
@@ -166,7 +173,7 @@ impl Command {
                 | Command::PreviewDecommission { node_id, .. }
                 | Command::ExecuteDecommission { node_id, .. },
                 _,
-            ) => node_id.clone(),
+            ) => node_id.to_string(),
             _ => String::new(),
         }
     }
@@ -176,20 +183,20 @@ impl Command {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Outcome {
     TokenCreated {
-        token_id: String,
+        token_id: TokenId,
         created_at_ms: i64,
         expires_at_ms: i64,
     },
     TokenCancelled {
-        token_id: String,
+        token_id: TokenId,
     },
     Enrolled {
-        node_id: String,
-        credential_id: String,
+        node_id: NodeId,
+        credential_id: CredentialId,
         reenrolled: bool,
     },
     Revoked {
-        credential_ids: Vec<String>,
+        credential_ids: Vec<CredentialId>,
     },
     Touched {
         count: usize,
@@ -202,19 +209,19 @@ pub enum Outcome {
     },
     BackupRecorded,
     Allocated {
-        allocation_id: String,
-        node_id: String,
+        allocation_id: AllocationId,
+        node_id: NodeId,
         accelerator_uuids: Vec<String>,
     },
     Released {
-        allocation_id: String,
+        allocation_id: AllocationId,
     },
     Reconciled {
-        confirmed: Vec<String>,
-        released: Vec<String>,
+        confirmed: Vec<AllocationId>,
+        released: Vec<AllocationId>,
     },
     SmokeStarted {
-        smoke_id: String,
+        smoke_id: SmokeId,
     },
     SmokeFinished {
         passed: bool,
@@ -225,7 +232,7 @@ pub enum Outcome {
         preview: Box<DecommissionPreview>,
     },
     Decommissioned {
-        node_id: String,
+        node_id: NodeId,
         decommissioned_at_ms: i64,
         effects: Box<DecommissionEffects>,
     },

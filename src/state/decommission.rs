@@ -6,6 +6,12 @@
 //! ends in the same node, credentials, allocations and smoke state as the execute did.
 
 use modelforge_proto::api::ErrorCode as RefusalCode;
+use modelforge_proto::ids::AllocationId;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::PreviewId;
+use modelforge_proto::ids::TokenId;
 use serde::Deserialize;
 use serde::Serialize;
 use sha2::Digest;
@@ -24,21 +30,21 @@ use crate::journal::Fact;
 /// preview showed has changed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DecommissionEffects {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     /// The identity key that can never enrol again.
     pub identity_public_key: String,
     /// Active credentials to revoke.
-    pub credentials_to_revoke: Vec<String>,
+    pub credentials_to_revoke: Vec<CredentialId>,
     /// Other enabled nodes claiming the same hostname: the conflict this resolves.
-    pub hostname_conflicts_resolved: Vec<String>,
+    pub hostname_conflicts_resolved: Vec<NodeId>,
     /// Enrolment tokens whose claim names this node and is not spent yet. Shown, spent by
     /// execute, but not bound by the fingerprint: a claim only ever goes from unspent to
     /// spent by the node's own first heartbeat (a new claim comes with a new credential,
     /// which the fingerprint does bind), and execute spends whatever remains.
-    pub claims_to_spend: Vec<String>,
+    pub claims_to_spend: Vec<TokenId>,
     /// The scheduler's allocations placed on the node, released by execute.
-    pub allocations_to_release: Vec<String>,
+    pub allocations_to_release: Vec<AllocationId>,
     /// Accelerator uuids that leave service with the node.
     pub accelerators: Vec<String>,
 }
@@ -69,7 +75,6 @@ impl DecommissionEffects {
             self.identity_public_key.clone(),
             now.identity_public_key.clone(),
         );
-        let list = |v: &[String]| format!("[{}]", v.join(", "));
         cmp(
             "credentials_to_revoke",
             list(&self.credentials_to_revoke),
@@ -94,11 +99,17 @@ impl DecommissionEffects {
     }
 }
 
+/// `[a, b]`: a list as a preview's change message shows it.
+fn list<T: std::fmt::Display>(v: &[T]) -> String {
+    let items: Vec<String> = v.iter().map(T::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
 /// A recorded decommission preview.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DecommissionPreview {
-    pub preview_id: String,
-    pub node_id: String,
+    pub preview_id: PreviewId,
+    pub node_id: NodeId,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
     pub effects: DecommissionEffects,
@@ -109,10 +120,10 @@ pub struct DecommissionPreview {
 
 impl State {
     /// What decommissioning `node_id` would change now; `None` for an unknown node.
-    pub fn decommission_effects(&self, node_id: &str) -> Option<DecommissionEffects> {
+    pub fn decommission_effects(&self, node_id: &NodeId) -> Option<DecommissionEffects> {
         let node = self.nodes.get(node_id)?;
         Some(DecommissionEffects {
-            node_id: node_id.to_string(),
+            node_id: node_id.clone(),
             hostname: node.hostname.clone(),
             identity_public_key: node.public_key.clone(),
             credentials_to_revoke: self.active_credential_ids(node_id),
@@ -168,8 +179,8 @@ impl State {
     pub(super) fn preview_decommission(
         &mut self,
         now: i64,
-        preview_id: &str,
-        node_id: &str,
+        preview_id: &PreviewId,
+        node_id: &NodeId,
     ) -> ApplyResult {
         self.prune_previews(now);
         let Some(node) = self.nodes.get(node_id) else {
@@ -188,16 +199,15 @@ impl State {
             .decommission_effects(node_id)
             .expect("node looked up above");
         let preview = DecommissionPreview {
-            preview_id: preview_id.to_string(),
-            node_id: node_id.to_string(),
+            preview_id: preview_id.clone(),
+            node_id: node_id.clone(),
             created_at_ms: now,
             expires_at_ms: now.saturating_add(PREVIEW_TTL_MS),
             fingerprint: effects.fingerprint(),
             effects,
             used_at_ms: None,
         };
-        self.previews
-            .insert(preview_id.to_string(), preview.clone());
+        self.previews.insert(preview_id.clone(), preview.clone());
         self.prune_previews(now);
         Ok(Outcome::DecommissionPreviewed {
             preview: Box::new(preview),
@@ -209,8 +219,8 @@ impl State {
     /// the wrong things), and apply asks it again.
     pub fn check_preview_target(
         &self,
-        preview_id: &str,
-        node_id: &str,
+        preview_id: &PreviewId,
+        node_id: &NodeId,
     ) -> Result<&DecommissionPreview, Refusal> {
         if !self.nodes.contains_key(node_id) {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
@@ -231,8 +241,8 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        preview_id: &str,
-        node_id: &str,
+        preview_id: &PreviewId,
+        node_id: &NodeId,
         reason: &str,
     ) -> ApplyResult {
         let preview = self.check_preview_target(preview_id, node_id)?;
@@ -266,7 +276,7 @@ impl State {
             p.used_at_ms = Some(now);
         }
         Ok(Outcome::Decommissioned {
-            node_id: node_id.to_string(),
+            node_id: node_id.clone(),
             decommissioned_at_ms: now,
             effects: Box::new(effects),
         })
@@ -279,7 +289,7 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        node_id: &str,
+        node_id: &NodeId,
         reason: &str,
     ) -> Option<DecommissionEffects> {
         let effects = self.decommission_effects(node_id)?;
@@ -297,18 +307,23 @@ impl State {
         }
         for other in &effects.hostname_conflicts_resolved {
             if let Some(o) = self.nodes.get_mut(other) {
-                push_history(o, now, "hostname_conflict_resolved", node_id.to_string());
+                push_history(
+                    o,
+                    now,
+                    HistoryKind::HostnameConflictResolved,
+                    node_id.to_string(),
+                );
             }
         }
         let node = self.nodes.get_mut(node_id).expect("looked up above");
         node.enabled = false;
         node.decommissioned_at_ms = Some(now);
-        push_history(node, now, "decommissioned", reason.to_string());
+        push_history(node, now, HistoryKind::Decommissioned, reason.to_string());
         let public_key = node.public_key.clone();
         let hostname = node.hostname.clone();
         self.unindex_hostname(&hostname, node_id);
         facts.push(Fact::NodeDecommissioned {
-            node_id: node_id.to_string(),
+            node_id: node_id.clone(),
             public_key,
             at_ms: now,
             reason: reason.to_string(),

@@ -22,6 +22,10 @@ use super::model::inventory_digest;
 use super::model::push_history;
 use super::model::set_inventory;
 use crate::journal::Fact;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::TokenId;
 use modelforge_proto::wire::Inventory;
 
 impl State {
@@ -31,7 +35,7 @@ impl State {
     /// check, and apply asks it again.
     pub fn check_claim(
         &self,
-        token_id: &str,
+        token_id: &TokenId,
         public_key: &str,
         now: i64,
     ) -> Result<&Token, Refusal> {
@@ -57,7 +61,7 @@ impl State {
     }
 
     /// Whether `token_id` can be cancelled: it exists and nobody claimed it.
-    pub fn check_cancel(&self, token_id: &str) -> Result<&Token, Refusal> {
+    pub fn check_cancel(&self, token_id: &TokenId) -> Result<&Token, Refusal> {
         let Some(token) = self.tokens.get(token_id) else {
             return Err(Refusal::new(RefusalCode::EnrollmentNotFound));
         };
@@ -70,7 +74,7 @@ impl State {
     pub(super) fn create_token(
         &mut self,
         now: i64,
-        token_id: &str,
+        token_id: &TokenId,
         hash: &str,
         ttl_ms: i64,
         note: &Option<String>,
@@ -80,9 +84,9 @@ impl State {
         }
         let expires_at_ms = now.saturating_add(ttl_ms);
         self.tokens.insert(
-            token_id.to_string(),
+            token_id.clone(),
             Token {
-                token_id: token_id.to_string(),
+                token_id: token_id.clone(),
                 hash: hash.to_string(),
                 created_at_ms: now,
                 expires_at_ms,
@@ -92,7 +96,7 @@ impl State {
             },
         );
         Ok(Outcome::TokenCreated {
-            token_id: token_id.to_string(),
+            token_id: token_id.clone(),
             created_at_ms: now,
             expires_at_ms,
         })
@@ -102,19 +106,19 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        token_id: &str,
+        token_id: &TokenId,
     ) -> ApplyResult {
         self.check_cancel(token_id)?;
         let t = self.tokens.get_mut(token_id).expect("checked above");
         if t.cancelled_at_ms.is_none() {
             t.cancelled_at_ms = Some(now);
             facts.push(Fact::TokenCancelled {
-                token_id: token_id.to_string(),
+                token_id: token_id.clone(),
                 at_ms: now,
             });
         }
         Ok(Outcome::TokenCancelled {
-            token_id: token_id.to_string(),
+            token_id: token_id.clone(),
         })
     }
 
@@ -122,7 +126,7 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        node_id: &str,
+        node_id: &NodeId,
         reason: &str,
     ) -> ApplyResult {
         if !self.nodes.contains_key(node_id) {
@@ -142,7 +146,7 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        uses: &[(String, i64)],
+        uses: &[(CredentialId, i64)],
     ) -> ApplyResult {
         let mut count = 0;
         for (id, at) in uses {
@@ -155,7 +159,7 @@ impl State {
             count += 1;
             if first {
                 let token_id = c.token_id.clone();
-                self.spend_claim(facts, now, token_id.as_deref(), id);
+                self.spend_claim(facts, now, token_id.as_ref(), id);
             }
         }
         Ok(Outcome::Touched { count })
@@ -180,9 +184,7 @@ impl State {
         else {
             return Err(Refusal::new(RefusalCode::BadCommand));
         };
-        let (token_id, public_key, hostname) =
-            (token_id.as_str(), public_key.as_str(), hostname.as_str());
-        let (new_node_id, credential_id) = (new_node_id.as_str(), credential_id.as_str());
+        let (public_key, hostname) = (public_key.as_str(), hostname.as_str());
         let retry = self.check_claim(token_id, public_key, now)?.claim.is_some();
         if self.credentials.contains_key(credential_id) {
             return Err(Refusal::new(RefusalCode::CredentialExists));
@@ -205,11 +207,11 @@ impl State {
                     return Err(Refusal::new(RefusalCode::NodeIdExists));
                 }
                 self.identities
-                    .insert(public_key.to_string(), new_node_id.to_string());
+                    .insert(public_key.to_string(), new_node_id.clone());
                 self.nodes.insert(
-                    new_node_id.to_string(),
+                    new_node_id.clone(),
                     Node {
-                        node_id: new_node_id.to_string(),
+                        node_id: new_node_id.clone(),
                         hostname: hostname.to_string(),
                         public_key: public_key.to_string(),
                         enabled: true,
@@ -223,22 +225,27 @@ impl State {
                     },
                 );
                 self.index_hostname(hostname, new_node_id);
-                let others: Vec<String> = self
+                let others: Vec<NodeId> = self
                     .enabled_claimants(hostname)
                     .into_iter()
                     .filter(|n| n != new_node_id)
                     .collect();
                 for other in &others {
                     if let Some(o) = self.nodes.get_mut(other) {
-                        push_history(o, now, "hostname_conflict", new_node_id.to_string());
+                        push_history(
+                            o,
+                            now,
+                            HistoryKind::HostnameConflict,
+                            new_node_id.to_string(),
+                        );
                     }
                 }
                 if let Some(n) = self.nodes.get_mut(new_node_id) {
                     for other in others {
-                        push_history(n, now, "hostname_conflict", other);
+                        push_history(n, now, HistoryKind::HostnameConflict, other.into_string());
                     }
                 }
-                (new_node_id.to_string(), false)
+                (new_node_id.clone(), false)
             }
         };
         // Every older credential of the node is revoked in this same step. A claim retry
@@ -255,16 +262,16 @@ impl State {
             self.revoke(facts, now, c, reason, !undelivered_retry);
         }
         self.credentials.insert(
-            credential_id.to_string(),
+            credential_id.clone(),
             Credential {
-                credential_id: credential_id.to_string(),
+                credential_id: credential_id.clone(),
                 node_id: node_id.clone(),
                 hash: credential_hash.to_string(),
                 created_at_ms: now,
                 last_used_at_ms: None,
                 revoked_at_ms: None,
                 revoked_reason: None,
-                token_id: Some(token_id.to_string()),
+                token_id: Some(token_id.clone()),
             },
         );
         let token = self
@@ -272,17 +279,17 @@ impl State {
             .get_mut(token_id)
             .expect("token looked up above");
         match &mut token.claim {
-            Some(claim) => claim.credential_id = credential_id.to_string(),
+            Some(claim) => claim.credential_id = credential_id.clone(),
             None => {
                 token.claim = Some(Claim {
                     node_id: node_id.clone(),
                     public_key: public_key.to_string(),
-                    credential_id: credential_id.to_string(),
+                    credential_id: credential_id.clone(),
                     claimed_at_ms: now,
                     spent: false,
                 });
                 facts.push(Fact::TokenClaimed {
-                    token_id: token_id.to_string(),
+                    token_id: token_id.clone(),
                     node_id: node_id.clone(),
                     public_key: public_key.to_string(),
                     at_ms: now,
@@ -293,7 +300,7 @@ impl State {
             .nodes
             .get_mut(&node_id)
             .expect("node exists or was created above");
-        node.credential_ids.push(credential_id.to_string());
+        node.credential_ids.push(credential_id.clone());
         node.enrolled_at_ms = now;
         if node.hostname != hostname {
             let old = std::mem::replace(&mut node.hostname, hostname.to_string());
@@ -301,7 +308,7 @@ impl State {
             push_history(
                 node,
                 now,
-                "hostname_changed",
+                HistoryKind::HostnameChanged,
                 format!("{old} -> {hostname}"),
             );
             if enabled {
@@ -311,14 +318,19 @@ impl State {
         }
         let node = self.nodes.get_mut(&node_id).expect("node looked up above");
         let kind = if retry {
-            "enrolment_retried"
+            HistoryKind::EnrolmentRetried
         } else if reenrolled {
-            "re-enrolled"
+            HistoryKind::ReEnrolled
         } else {
-            "enrolled"
+            HistoryKind::Enrolled
         };
         push_history(node, now, kind, format!("token {token_id}"));
-        push_history(node, now, "credential_issued", credential_id.to_string());
+        push_history(
+            node,
+            now,
+            HistoryKind::CredentialIssued,
+            credential_id.to_string(),
+        );
         set_inventory(node, now, inventory);
         if reenrolled && !retry {
             // Recovered by the runbook: offered to the scheduler only after a passing smoke.
@@ -326,7 +338,7 @@ impl State {
         }
         Ok(Outcome::Enrolled {
             node_id,
-            credential_id: credential_id.to_string(),
+            credential_id: credential_id.clone(),
             reenrolled: reenrolled || retry,
         })
     }
@@ -336,7 +348,7 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        credential_id: &str,
+        credential_id: &CredentialId,
         reason: &str,
         spend: bool,
     ) {
@@ -350,19 +362,19 @@ impl State {
         c.revoked_reason = Some(reason.to_string());
         let (node_id, token_id) = (c.node_id.clone(), c.token_id.clone());
         facts.push(Fact::CredentialRevoked {
-            credential_id: credential_id.to_string(),
+            credential_id: credential_id.clone(),
             node_id: node_id.clone(),
             at_ms: now,
             reason: reason.to_string(),
         });
         if spend {
-            self.spend_claim(facts, now, token_id.as_deref(), credential_id);
+            self.spend_claim(facts, now, token_id.as_ref(), credential_id);
         }
         if let Some(node) = self.nodes.get_mut(&node_id) {
             push_history(
                 node,
                 now,
-                "credential_revoked",
+                HistoryKind::CredentialRevoked,
                 format!("{credential_id}: {reason}"),
             );
         }
@@ -372,25 +384,26 @@ impl State {
         &mut self,
         facts: &mut Vec<Fact>,
         now: i64,
-        token_id: Option<&str>,
-        credential_id: &str,
+        token_id: Option<&TokenId>,
+        credential_id: &CredentialId,
     ) {
-        if let Some(claim) = token_id
-            .and_then(|t| self.tokens.get_mut(t))
-            .and_then(|t| t.claim.as_mut())
-            && claim.credential_id == credential_id
+        let Some(token_id) = token_id else {
+            return;
+        };
+        if let Some(claim) = self.tokens.get_mut(token_id).and_then(|t| t.claim.as_mut())
+            && claim.credential_id == *credential_id
             && !claim.spent
         {
             claim.spent = true;
             facts.push(Fact::TokenSpent {
-                token_id: token_id.unwrap_or_default().to_string(),
+                token_id: token_id.clone(),
                 at_ms: now,
             });
         }
     }
 
     /// Active (unrevoked) credentials of a node.
-    pub fn active_credentials(&self, node_id: &str) -> Vec<&Credential> {
+    pub fn active_credentials(&self, node_id: &NodeId) -> Vec<&Credential> {
         self.nodes
             .get(node_id)
             .map(|n| {
@@ -404,7 +417,7 @@ impl State {
     }
 
     /// Ids of a node's active credentials, owned (for revoking them).
-    pub(super) fn active_credential_ids(&self, node_id: &str) -> Vec<String> {
+    pub(super) fn active_credential_ids(&self, node_id: &NodeId) -> Vec<CredentialId> {
         self.active_credentials(node_id)
             .iter()
             .map(|c| c.credential_id.clone())

@@ -8,24 +8,25 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 use super::State;
+use modelforge_proto::ids::NodeId;
 
 impl State {
     /// Enabled nodes claiming `hostname`, in id order.
-    pub fn enabled_claimants(&self, hostname: &str) -> Vec<String> {
+    pub fn enabled_claimants(&self, hostname: &str) -> Vec<NodeId> {
         self.enabled_by_hostname
             .get(hostname)
             .map(|ids| ids.iter().cloned().collect())
             .unwrap_or_default()
     }
 
-    pub(super) fn index_hostname(&mut self, hostname: &str, node_id: &str) {
+    pub(super) fn index_hostname(&mut self, hostname: &str, node_id: &NodeId) {
         self.enabled_by_hostname
             .entry(hostname.to_string())
             .or_default()
-            .insert(node_id.to_string());
+            .insert(node_id.clone());
     }
 
-    pub(super) fn unindex_hostname(&mut self, hostname: &str, node_id: &str) {
+    pub(super) fn unindex_hostname(&mut self, hostname: &str, node_id: &NodeId) {
         if let Some(ids) = self.enabled_by_hostname.get_mut(hostname) {
             ids.remove(node_id);
             if ids.is_empty() {
@@ -35,8 +36,8 @@ impl State {
     }
 
     /// The index as the nodes say it should be.
-    pub(super) fn hostname_index_recomputed(&self) -> BTreeMap<String, BTreeSet<String>> {
-        let mut expected: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    pub(super) fn hostname_index_recomputed(&self) -> BTreeMap<String, BTreeSet<NodeId>> {
+        let mut expected: BTreeMap<String, BTreeSet<NodeId>> = BTreeMap::new();
         for n in self.nodes.values().filter(|n| n.enabled) {
             expected
                 .entry(n.hostname.clone())

@@ -69,6 +69,11 @@ pub use model::inventory_digest;
 pub use model::push_history;
 pub use model::push_history_n;
 pub use modelforge_proto::api::ErrorCode as RefusalCode;
+pub use modelforge_proto::ids::CredentialId;
+pub use modelforge_proto::ids::HistoryKind;
+pub use modelforge_proto::ids::NodeId;
+pub use modelforge_proto::ids::PreviewId;
+pub use modelforge_proto::ids::TokenId;
 
 /// How many history events a node keeps (oldest dropped first).
 pub const HISTORY_PER_NODE: usize = 256;
@@ -87,11 +92,11 @@ pub struct State {
     /// The latest leader-stamped time applied; never goes back.
     pub clock_ms: i64,
     pub last_applied_index: u64,
-    pub tokens: BTreeMap<String, Token>,
-    pub nodes: BTreeMap<String, Node>,
+    pub tokens: BTreeMap<TokenId, Token>,
+    pub nodes: BTreeMap<NodeId, Node>,
     /// Identity public key -> node id.
-    pub identities: BTreeMap<String, String>,
-    pub credentials: BTreeMap<String, Credential>,
+    pub identities: BTreeMap<String, NodeId>,
+    pub credentials: BTreeMap<CredentialId, Credential>,
     pub audit: Vec<AuditEvent>,
     /// request id -> (applied at, answer).
     pub dedup: BTreeMap<String, (i64, ApplyResult)>,
@@ -99,11 +104,11 @@ pub struct State {
     /// Allocations, smokes, and what the scheduler must re-measure.
     pub sched: sched::Scheduling,
     /// Decommission previews by id (pruned by expiry in apply).
-    pub previews: BTreeMap<String, DecommissionPreview>,
+    pub previews: BTreeMap<PreviewId, DecommissionPreview>,
     /// Hostname -> the enabled nodes claiming it: "which enabled nodes claim H" without a scan
     /// of every node (an enrolment asks it, and so does every node view). Maintained wherever
     /// a node is created, renamed or disabled (`index_hostname`, `unindex_hostname`).
-    pub enabled_by_hostname: BTreeMap<String, BTreeSet<String>>,
+    pub enabled_by_hostname: BTreeMap<String, BTreeSet<NodeId>>,
 }
 
 impl State {
@@ -210,7 +215,7 @@ impl State {
                 let mut count = 0;
                 for (node_id, kind, detail, n) in events {
                     if let Some(node) = self.nodes.get_mut(node_id) {
-                        push_history_n(node, now, kind, detail.clone(), (*n).max(1));
+                        push_history_n(node, now, *kind, detail.clone(), (*n).max(1));
                         count += 1;
                     }
                 }

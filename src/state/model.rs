@@ -2,6 +2,11 @@
 
 use std::collections::VecDeque;
 
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::TokenId;
+pub use modelforge_proto::ids::TokenState;
 use modelforge_proto::wire::Inventory;
 use serde::Deserialize;
 use serde::Serialize;
@@ -11,10 +16,10 @@ use super::HISTORY_PER_NODE;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Claim {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub public_key: String,
     /// The latest credential issued by this claim.
-    pub credential_id: String,
+    pub credential_id: CredentialId,
     pub claimed_at_ms: i64,
     /// Set once a credential from this claim was used or revoked: no retry after that.
     pub spent: bool,
@@ -22,7 +27,7 @@ pub struct Claim {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Token {
-    pub token_id: String,
+    pub token_id: TokenId,
     pub hash: String,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
@@ -46,31 +51,10 @@ impl Token {
     }
 }
 
-/// What a token can still do. Derived (never stored): expiry depends on the time asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TokenState {
-    Pending,
-    Claimed,
-    Expired,
-    Cancelled,
-}
-
-impl TokenState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TokenState::Pending => "pending",
-            TokenState::Claimed => "claimed",
-            TokenState::Expired => "expired",
-            TokenState::Cancelled => "cancelled",
-        }
-    }
-}
-
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct HistoryEvent {
     pub at_ms: i64,
-    pub kind: String,
+    pub kind: HistoryKind,
     pub detail: String,
     /// How many identical events were folded into this one.
     pub count: u32,
@@ -78,7 +62,7 @@ pub struct HistoryEvent {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Node {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     pub public_key: String,
     pub enabled: bool,
@@ -88,20 +72,20 @@ pub struct Node {
     pub inventory: Inventory,
     pub inventory_digest: String,
     /// Every credential ever issued to this node, oldest first.
-    pub credential_ids: Vec<String>,
+    pub credential_ids: Vec<CredentialId>,
     pub history: VecDeque<HistoryEvent>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Credential {
-    pub credential_id: String,
-    pub node_id: String,
+    pub credential_id: CredentialId,
+    pub node_id: NodeId,
     pub hash: String,
     pub created_at_ms: i64,
     pub last_used_at_ms: Option<i64>,
     pub revoked_at_ms: Option<i64>,
     pub revoked_reason: Option<String>,
-    pub token_id: Option<String>,
+    pub token_id: Option<TokenId>,
 }
 
 /// SHA-256 hex of an inventory's canonical JSON.
@@ -140,21 +124,21 @@ pub(super) fn set_inventory(node: &mut Node, now: i64, inventory: &Inventory) ->
     node.inventory = inventory.clone();
     node.inventory_digest = digest;
     for u in appeared {
-        push_history(node, now, "accelerator_appeared", u);
+        push_history(node, now, HistoryKind::AcceleratorAppeared, u);
     }
     for u in gone {
-        push_history(node, now, "accelerator_disappeared", u);
+        push_history(node, now, HistoryKind::AcceleratorDisappeared, u);
     }
     true
 }
 
 /// Append to a node's bounded history, folding a repeat of the latest event into it.
-pub fn push_history(node: &mut Node, now: i64, kind: &str, detail: String) {
+pub fn push_history(node: &mut Node, now: i64, kind: HistoryKind, detail: String) {
     push_history_n(node, now, kind, detail, 1)
 }
 
 /// [`push_history`] for `n` identical events at once.
-pub fn push_history_n(node: &mut Node, now: i64, kind: &str, detail: String, n: u32) {
+pub fn push_history_n(node: &mut Node, now: i64, kind: HistoryKind, detail: String, n: u32) {
     if let Some(last) = node.history.back_mut()
         && last.kind == kind
         && last.detail == detail
@@ -165,7 +149,7 @@ pub fn push_history_n(node: &mut Node, now: i64, kind: &str, detail: String, n: 
     }
     node.history.push_back(HistoryEvent {
         at_ms: now,
-        kind: kind.to_string(),
+        kind,
         detail,
         count: n,
     });

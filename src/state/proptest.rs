@@ -5,6 +5,7 @@
 //! difference. A failure prints its seed; `STATE_PROPTEST_SEED=<seed>` replays one sequence and
 //! `STATE_PROPTEST_CASES=<n>` runs more.
 
+use modelforge_proto::ids::NodeId;
 use modelforge_proto::wire::Inventory;
 
 use super::*;
@@ -28,8 +29,9 @@ impl Rng {
         self.below(100) < percent
     }
     /// One of a small pool of ids, so that commands collide with each other.
-    fn id(&mut self, prefix: &str, pool: u64) -> String {
-        format!("{prefix}{}", self.below(pool))
+    /// `<prefix><n>` with n below `pool`, as an id or any string.
+    fn id<T: From<String>>(&mut self, prefix: &str, pool: u64) -> T {
+        T::from(format!("{prefix}{}", self.below(pool)))
     }
     fn gpus(&mut self) -> Vec<String> {
         (0..self.below(3)).map(|_| self.id("G", 6)).collect()
@@ -259,18 +261,18 @@ fn check_catches_a_planted_break_of_each_invariant() {
         (2, vec!["G3".to_string()]),
     ] {
         commands.push(Command::CreateToken {
-            token_id: format!("t{i}"),
+            token_id: format!("t{i}").into(),
             hash: "h".into(),
             ttl_ms: 60_000,
             note: None,
         });
         commands.push(Command::Enroll {
-            token_id: format!("t{i}"),
+            token_id: format!("t{i}").into(),
             public_key: format!("k{i}"),
             hostname: format!("gpu-{i}"),
             inventory: inventory(&gpus),
-            new_node_id: format!("n{i}"),
-            credential_id: format!("c{i}"),
+            new_node_id: format!("n{i}").into(),
+            credential_id: format!("c{i}").into(),
             credential_hash: "ch".into(),
         });
     }
@@ -292,7 +294,7 @@ fn check_catches_a_planted_break_of_each_invariant() {
         assert!(applied.result.is_ok(), "{:?}", applied.result);
     }
     s.check().unwrap();
-    let (node, other) = ("n1".to_string(), "n2".to_string());
+    let (node, other) = (NodeId::from("n1"), NodeId::from("n2"));
     type Plant = Box<dyn Fn(&mut State)>;
     let plants: Vec<(&str, Plant)> = vec![
         ("identity on two nodes", {

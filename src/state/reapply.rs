@@ -6,6 +6,7 @@
 use super::Claim;
 use super::State;
 use crate::journal::Fact;
+use modelforge_proto::ids::CredentialId;
 
 impl State {
     /// Re-apply one journal fact to a restored state (see `journal.rs`): idempotent, and
@@ -50,7 +51,7 @@ impl State {
                 let claim = t.claim.get_or_insert_with(|| Claim {
                     node_id: node_id.clone(),
                     public_key: public_key.clone(),
-                    credential_id: String::new(),
+                    credential_id: CredentialId::default(),
                     claimed_at_ms: *at_ms,
                     spent: true,
                 });

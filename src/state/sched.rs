@@ -27,8 +27,8 @@ use super::push_history;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Allocation {
-    pub allocation_id: String,
-    pub node_id: String,
+    pub allocation_id: AllocationId,
+    pub node_id: NodeId,
     pub accelerator_uuids: Vec<String>,
     pub owner: String,
     pub created_at_ms: i64,
@@ -40,51 +40,38 @@ pub struct Allocation {
 
 /// One check of a smoke (the API's type: it is shown as reported).
 pub use modelforge_proto::api::SmokeCheck;
+use modelforge_proto::ids::AllocationId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::SmokeId;
+pub use modelforge_proto::ids::SmokeState;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Smoke {
-    pub smoke_id: String,
-    pub node_id: String,
+    pub smoke_id: SmokeId,
+    pub node_id: NodeId,
     pub state: SmokeState,
     pub checks: Vec<SmokeCheck>,
     pub created_at_ms: i64,
     pub finished_at_ms: Option<i64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SmokeState {
-    Pending,
-    Passed,
-    Failed,
-}
-
-impl SmokeState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SmokeState::Pending => "pending",
-            SmokeState::Passed => "passed",
-            SmokeState::Failed => "failed",
-        }
-    }
-}
-
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Scheduling {
-    pub allocations: BTreeMap<String, Allocation>,
+    pub allocations: BTreeMap<AllocationId, Allocation>,
     /// Request id made from an Idempotency-Key -> allocation id (a retry returns the first
     /// result; the same key with another body is refused).
-    pub by_key: BTreeMap<String, String>,
+    pub by_key: BTreeMap<String, AllocationId>,
     /// node -> GPUs seen busy in its latest report without an allocation.
-    pub external_busy: BTreeMap<String, BTreeSet<String>>,
+    pub external_busy: BTreeMap<NodeId, BTreeSet<String>>,
     /// Nodes that must pass a smoke before they are offered (re-enrolled, or restored).
-    pub smoke_required: BTreeSet<String>,
-    pub smokes: BTreeMap<String, Smoke>,
+    pub smoke_required: BTreeSet<NodeId>,
+    pub smokes: BTreeMap<SmokeId, Smoke>,
 }
 
 impl Scheduling {
     /// GPUs of `node_id` held by an allocation.
-    pub fn allocated(&self, node_id: &str) -> BTreeSet<&str> {
+    pub fn allocated(&self, node_id: &NodeId) -> BTreeSet<&str> {
         self.allocations
             .values()
             .filter(|a| a.node_id == node_id)
@@ -93,7 +80,7 @@ impl Scheduling {
     }
 
     /// Of the GPUs a node reports `busy`, those no allocation of the node holds.
-    pub fn busy_outside(&self, node_id: &str, busy: &BTreeSet<String>) -> BTreeSet<String> {
+    pub fn busy_outside(&self, node_id: &NodeId, busy: &BTreeSet<String>) -> BTreeSet<String> {
         let allocated = self.allocated(node_id);
         busy.iter()
             .filter(|u| !allocated.contains(u.as_str()))
@@ -102,7 +89,7 @@ impl Scheduling {
     }
 
     /// What the replicated state records as busy outside the scheduler on a node.
-    pub fn recorded_busy_outside(&self, node_id: &str) -> BTreeSet<String> {
+    pub fn recorded_busy_outside(&self, node_id: &NodeId) -> BTreeSet<String> {
         self.external_busy.get(node_id).cloned().unwrap_or_default()
     }
 
@@ -115,7 +102,7 @@ impl Scheduling {
     }
 
     /// The pending smoke of a node, if any (the oldest).
-    pub fn pending_smoke(&self, node_id: &str) -> Option<&Smoke> {
+    pub fn pending_smoke(&self, node_id: &NodeId) -> Option<&Smoke> {
         self.smokes
             .values()
             .filter(|s| s.node_id == node_id && s.state == SmokeState::Pending)
@@ -123,7 +110,7 @@ impl Scheduling {
     }
 
     /// Mark everything restored from a backup as untrusted until measured again.
-    pub fn distrust_after_restore(&mut self, enabled_nodes: impl Iterator<Item = String>) {
+    pub fn distrust_after_restore(&mut self, enabled_nodes: impl Iterator<Item = NodeId>) {
         for a in self.allocations.values_mut() {
             a.confirmed = false;
         }
@@ -144,8 +131,8 @@ impl State {
     pub(super) fn allocate(
         &mut self,
         now: i64,
-        allocation_id: &str,
-        node_id: &str,
+        allocation_id: &AllocationId,
+        node_id: &NodeId,
         uuids: &[String],
         owner: &str,
         key: Option<&String>,
@@ -188,8 +175,8 @@ impl State {
             }
         }
         let a = Allocation {
-            allocation_id: allocation_id.to_string(),
-            node_id: node_id.to_string(),
+            allocation_id: allocation_id.clone(),
+            node_id: node_id.clone(),
             accelerator_uuids: uuids.to_vec(),
             owner: owner.to_string(),
             created_at_ms: now,
@@ -198,23 +185,26 @@ impl State {
         };
         let out = allocated_outcome(&a);
         if let Some(k) = key {
-            self.sched
-                .by_key
-                .insert(k.clone(), allocation_id.to_string());
+            self.sched.by_key.insert(k.clone(), allocation_id.clone());
         }
-        self.sched.allocations.insert(allocation_id.to_string(), a);
+        self.sched.allocations.insert(allocation_id.clone(), a);
         if let Some(n) = self.nodes.get_mut(node_id) {
             push_history(
                 n,
                 now,
-                "allocation_created",
+                HistoryKind::AllocationCreated,
                 format!("{allocation_id} for {owner}: {}", uuids.join(",")),
             );
         }
         Ok(out)
     }
 
-    pub(super) fn release(&mut self, now: i64, allocation_id: &str, why: &str) -> ApplyResult {
+    pub(super) fn release(
+        &mut self,
+        now: i64,
+        allocation_id: &AllocationId,
+        why: &str,
+    ) -> ApplyResult {
         let Some(a) = self.sched.allocations.remove(allocation_id) else {
             return Err(Refusal::new(RefusalCode::AllocationNotFound));
         };
@@ -225,12 +215,12 @@ impl State {
             push_history(
                 n,
                 now,
-                "allocation_released",
+                HistoryKind::AllocationReleased,
                 format!("{allocation_id}: {why}"),
             );
         }
         Ok(Outcome::Released {
-            allocation_id: allocation_id.to_string(),
+            allocation_id: allocation_id.clone(),
         })
     }
 
@@ -238,7 +228,7 @@ impl State {
     pub(super) fn reconcile(
         &mut self,
         now: i64,
-        node_id: &str,
+        node_id: &NodeId,
         present: &BTreeSet<String>,
         busy: &BTreeSet<String>,
     ) -> ApplyResult {
@@ -247,7 +237,7 @@ impl State {
         }
         let mut confirmed = vec![];
         let mut released = vec![];
-        let ids: Vec<String> = self
+        let ids: Vec<AllocationId> = self
             .sched
             .allocations
             .values()
@@ -273,7 +263,7 @@ impl State {
                     push_history(
                         n,
                         now,
-                        "allocation_confirmed",
+                        HistoryKind::AllocationConfirmed,
                         format!("{id}: measured busy"),
                     );
                 }
@@ -286,7 +276,7 @@ impl State {
                 push_history(
                     n,
                     now,
-                    "accelerators_busy_outside_scheduler",
+                    HistoryKind::AcceleratorsBusyOutsideScheduler,
                     if list.is_empty() {
                         "none".into()
                     } else {
@@ -297,9 +287,7 @@ impl State {
             if external.is_empty() {
                 self.sched.external_busy.remove(node_id);
             } else {
-                self.sched
-                    .external_busy
-                    .insert(node_id.to_string(), external);
+                self.sched.external_busy.insert(node_id.clone(), external);
             }
         }
         Ok(Outcome::Reconciled {
@@ -308,7 +296,12 @@ impl State {
         })
     }
 
-    pub(super) fn start_smoke(&mut self, now: i64, smoke_id: &str, node_id: &str) -> ApplyResult {
+    pub(super) fn start_smoke(
+        &mut self,
+        now: i64,
+        smoke_id: &SmokeId,
+        node_id: &NodeId,
+    ) -> ApplyResult {
         let Some(node) = self.nodes.get_mut(node_id) else {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
@@ -318,12 +311,12 @@ impl State {
         if self.sched.smokes.contains_key(smoke_id) {
             return Err(Refusal::new(RefusalCode::SmokeExists));
         }
-        push_history(node, now, "smoke_requested", smoke_id.to_string());
+        push_history(node, now, HistoryKind::SmokeRequested, smoke_id.to_string());
         self.sched.smokes.insert(
-            smoke_id.to_string(),
+            smoke_id.clone(),
             Smoke {
-                smoke_id: smoke_id.to_string(),
-                node_id: node_id.to_string(),
+                smoke_id: smoke_id.clone(),
+                node_id: node_id.clone(),
                 state: SmokeState::Pending,
                 checks: vec![],
                 created_at_ms: now,
@@ -331,15 +324,15 @@ impl State {
             },
         );
         Ok(Outcome::SmokeStarted {
-            smoke_id: smoke_id.to_string(),
+            smoke_id: smoke_id.clone(),
         })
     }
 
     pub(super) fn smoke_result(
         &mut self,
         now: i64,
-        smoke_id: &str,
-        node_id: &str,
+        smoke_id: &SmokeId,
+        node_id: &NodeId,
         checks: &[SmokeCheck],
     ) -> ApplyResult {
         let Some(smoke) = self.sched.smokes.get_mut(smoke_id) else {
@@ -379,9 +372,9 @@ impl State {
                 n,
                 now,
                 if passed {
-                    "smoke_passed"
+                    HistoryKind::SmokePassed
                 } else {
-                    "smoke_failed"
+                    HistoryKind::SmokeFailed
                 },
                 detail,
             );

@@ -1,5 +1,9 @@
 use super::*;
 use crate::journal::Fact;
+use modelforge_proto::ids::CredentialId;
+use modelforge_proto::ids::HistoryKind;
+use modelforge_proto::ids::NodeId;
+use modelforge_proto::ids::TokenId;
 use modelforge_proto::wire::Inventory;
 
 fn env(id: &str, now: i64, command: Command) -> Envelope {
@@ -111,7 +115,7 @@ fn claim_retry_by_same_identity_returns_same_node_until_used() {
         s.credentials["c1"].revoked_at_ms.is_some(),
         "the undelivered credential is revoked"
     );
-    assert_eq!(s.active_credentials("nA").len(), 1);
+    assert_eq!(s.active_credentials(&"nA".into()).len(), 1);
     // Once the credential was used, the token is spent for everyone.
     touch(&mut s, "c2", 1003);
     assert_eq!(
@@ -201,7 +205,7 @@ fn reenrolment_revokes_older_credentials_in_the_same_step() {
     create(&mut s, "t2", 1003);
     enroll(&mut s, "r2", 1004, "t2", "keyA", "nB", "c2").unwrap();
     assert_eq!(
-        s.active_credentials("nA")
+        s.active_credentials(&"nA".into())
             .iter()
             .map(|c| c.credential_id.as_str())
             .collect::<Vec<_>>(),
@@ -299,11 +303,11 @@ fn history_is_bounded_and_coalesced() {
     enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
     let node = s.nodes.get_mut("nA").unwrap();
     for i in 0..1000 {
-        push_history(node, 2000 + i, "refused", "401".into());
+        push_history(node, 2000 + i, HistoryKind::RequestRefused, "401".into());
     }
     assert_eq!(node.history.back().unwrap().count, 1000);
     for i in 0..1000 {
-        push_history(node, 5000 + i, "x", i.to_string());
+        push_history(node, 5000 + i, HistoryKind::Status, i.to_string());
     }
     assert_eq!(node.history.len(), HISTORY_PER_NODE);
 }
@@ -456,7 +460,7 @@ fn decommission_preview_then_execute_revokes_disables_and_never_deletes() {
             .any(|e| e.kind == "decommissioned" && e.detail == "hardware retired")
     );
     assert!(s.credentials["cA"].revoked_at_ms.is_some());
-    assert_eq!(s.identities.get("keyA"), Some(&"nA".to_string()));
+    assert_eq!(s.identities.get("keyA"), Some(&NodeId::from("nA")));
     assert_eq!(s.nodes.len(), 2, "never deleted");
     assert_eq!(s.enabled_claimants("gpu-1"), vec!["nB".to_string()]);
     assert!(
@@ -664,7 +668,7 @@ fn reconcile_confirms_busy_releases_vanished_and_idle_and_marks_unscheduled_use(
         allocate(&mut s, id, "n1", &[g], None).unwrap();
     }
     s.sched
-        .distrust_after_restore(["n1".to_string()].into_iter());
+        .distrust_after_restore([NodeId::from("n1")].into_iter());
     let present = ["G1", "G3", "G4"].iter().map(|x| x.to_string()).collect();
     let busy = ["G1", "G4"].iter().map(|x| x.to_string()).collect();
     let r = s
@@ -719,13 +723,13 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
         "a stale execute released something"
     );
     assert_eq!(
-        s.release(2_002, "a0", "test"),
+        s.release(2_002, &"a0".into(), "test"),
         Ok(Outcome::Released {
             allocation_id: "a0".into()
         })
     );
     // Releasing it again is refused, and says why.
-    let e = s.release(2_002, "a0", "test").unwrap_err();
+    let e = s.release(2_002, &"a0".into(), "test").unwrap_err();
     assert_eq!(
         (e.status(), e.code.as_str()),
         (404, "allocation_not_found"),
@@ -749,7 +753,7 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
         older.reapply(f);
     }
     assert!(older.nodes["n1"].decommissioned_at_ms.is_some());
-    assert!(older.active_credentials("n1").is_empty());
+    assert!(older.active_credentials(&"n1".into()).is_empty());
     assert!(
         older.reapply(&facts[facts.len() - 1]).is_none(),
         "re-applying twice changed something"
@@ -946,14 +950,14 @@ fn a_decommission_reapplied_from_the_journal_ends_where_executing_it_did() {
             (was.enabled, was.decommissioned_at_ms),
             (is.enabled, is.decommissioned_at_ms)
         );
-        let revoked = |st: &State| -> Vec<(String, Option<i64>)> {
+        let revoked = |st: &State| -> Vec<(CredentialId, Option<i64>)> {
             st.credentials
                 .values()
                 .map(|c| (c.credential_id.clone(), c.revoked_at_ms))
                 .collect()
         };
         assert_eq!(revoked(&restored), revoked(&s));
-        let spent = |st: &State| -> Vec<(String, bool)> {
+        let spent = |st: &State| -> Vec<(TokenId, bool)> {
             st.tokens
                 .values()
                 .map(|t| {

@@ -1,0 +1,300 @@
+//! The typed vocabulary: ids and the named states of the API.
+//!
+//! - Ids ([`NodeId`], [`CredentialId`], [`TokenId`], [`AllocationId`], [`SmokeId`],
+//!   [`PreviewId`]) are opaque strings with a type each, so a credential id can never be passed
+//!   where a node id is expected. They serialize as the plain string (`#[serde(transparent)]`):
+//!   the JSON API and the replicated format are exactly what a `String` gave.
+//! - Named states (`names!`) are enums whose wire form is their snake_case name in every format,
+//!   the replicated one included: reordering or adding variants never changes what was stored,
+//!   and an unknown name fails to decode instead of being mapped to something else.
+
+use std::borrow::Borrow;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+/// Whether `s` is a tame id: 1..=64 of `[A-Za-z0-9_-]`, so no id can carry a path or a query.
+pub fn is_tame(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// What every id type can do: be parsed from untrusted text.
+pub trait Id: Sized + fmt::Display {
+    /// `s` as this id when it is tame ([`is_tame`]).
+    fn parse(s: &str) -> Option<Self>;
+}
+
+macro_rules! ids {
+    ($($(#[$doc:meta])* $name:ident,)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// A fresh random id (a version-4 UUID).
+            pub fn random() -> Self {
+                Self(crate::new_uuid())
+            }
+
+            /// `s` as this id when it is tame ([`is_tame`]); ids from a path or a body go
+            /// through here.
+            pub fn parse(s: &str) -> Option<Self> {
+                is_tame(s).then(|| Self(s.to_string()))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl Id for $name {
+            fn parse(s: &str) -> Option<Self> {
+                $name::parse(s)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(s)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_string())
+            }
+        }
+
+        impl Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<&$name> for $name {
+            fn eq(&self, other: &&$name) -> bool {
+                self == *other
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                &self.0 == other
+            }
+        }
+
+        impl PartialEq<$name> for str {
+            fn eq(&self, other: &$name) -> bool {
+                self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+    )*};
+}
+
+ids! {
+    /// A node (a machine that enrolled once with its identity key).
+    NodeId,
+    /// A node credential; the secret part never travels with the id.
+    CredentialId,
+    /// An enrolment token (`enrollment_id` in the API).
+    TokenId,
+    /// A placement of accelerators.
+    AllocationId,
+    /// A capability smoke run on a node.
+    SmokeId,
+    /// A decommission preview.
+    PreviewId,
+}
+
+/// Enums whose wire form (JSON and the replicated codec alike) is their snake_case name.
+macro_rules! names {
+    ($($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $wire:literal,)* })*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)*
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $wire,)*
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($wire => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                $name::parse(&s).ok_or_else(|| {
+                    serde::de::Error::custom(format!(concat!("unknown ", stringify!($name), " {:?}"), s))
+                })
+            }
+        }
+    )*};
+}
+
+names! {
+    /// A node's status at the time asked (derived, never stored).
+    NodeStatus {
+        Online = "online",
+        Stale = "stale",
+        Offline = "offline",
+        NeverSeen = "never_seen",
+        Decommissioned = "decommissioned",
+    }
+
+    /// What an enrolment token can still do (derived: expiry depends on the time asked).
+    TokenState {
+        Pending = "pending",
+        Claimed = "claimed",
+        Expired = "expired",
+        Cancelled = "cancelled",
+    }
+
+    /// Where a capability smoke stands.
+    SmokeState {
+        Pending = "pending",
+        Passed = "passed",
+        Failed = "failed",
+    }
+
+    /// Whether the node's report confirmed an allocation since the last restore.
+    AllocationState {
+        Confirmed = "confirmed",
+        Unconfirmed = "unconfirmed",
+    }
+
+    /// The kind of an event in a node's bounded history (stored by name).
+    HistoryKind {
+        Enrolled = "enrolled",
+        ReEnrolled = "re-enrolled",
+        EnrolmentRetried = "enrolment_retried",
+        CredentialIssued = "credential_issued",
+        CredentialRevoked = "credential_revoked",
+        HostnameChanged = "hostname_changed",
+        HostnameConflict = "hostname_conflict",
+        HostnameConflictResolved = "hostname_conflict_resolved",
+        AcceleratorAppeared = "accelerator_appeared",
+        AcceleratorDisappeared = "accelerator_disappeared",
+        AllocationCreated = "allocation_created",
+        AllocationReleased = "allocation_released",
+        AllocationConfirmed = "allocation_confirmed",
+        AcceleratorsBusyOutsideScheduler = "accelerators_busy_outside_scheduler",
+        SmokeRequested = "smoke_requested",
+        SmokePassed = "smoke_passed",
+        SmokeFailed = "smoke_failed",
+        /// A liveness transition (the detail is the new [`NodeStatus`]).
+        Status = "status",
+        /// Agent requests refused (the detail is the HTTP status; folded with a count).
+        RequestRefused = "request_refused",
+        Decommissioned = "decommissioned",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_serialize_as_the_plain_string_in_json_and_in_the_codec() {
+        let id = NodeId::from("n-1");
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"n-1\"");
+        let plain = bincode::serde::encode_to_vec("n-1", bincode::config::standard()).unwrap();
+        let typed = bincode::serde::encode_to_vec(&id, bincode::config::standard()).unwrap();
+        assert_eq!(plain, typed);
+        assert_eq!(id, "n-1");
+    }
+
+    #[test]
+    fn names_round_trip_and_unknown_names_fail() {
+        for &k in HistoryKind::ALL {
+            let j = serde_json::to_string(&k).unwrap();
+            assert_eq!(serde_json::from_str::<HistoryKind>(&j).unwrap(), k);
+            let b = bincode::serde::encode_to_vec(k, bincode::config::standard()).unwrap();
+            let s = bincode::serde::encode_to_vec(k.as_str(), bincode::config::standard()).unwrap();
+            assert_eq!(b, s, "stored by name");
+        }
+        assert!(serde_json::from_str::<NodeStatus>("\"sleeping\"").is_err());
+    }
+
+    #[test]
+    fn only_tame_ids_parse() {
+        assert!(NodeId::parse("abc-DEF_1").is_some());
+        for bad in ["", "a/b", "a?b", "a b", &"x".repeat(65)] {
+            assert!(NodeId::parse(bad).is_none(), "{bad:?}");
+        }
+    }
+}

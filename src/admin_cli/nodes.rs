@@ -1,0 +1,245 @@
+//! `modelforge admin nodes ...` and `smoke`: node views, credentials, revocation, the capability
+//! smoke.
+
+use std::time::Duration;
+
+use modelforge_proto::api;
+use modelforge_proto::ids::SmokeState;
+use reqwest::Method;
+
+use super::AdminArgs;
+use super::EXIT_OK;
+use super::EXIT_REFUSED;
+use super::EXIT_UNREACHABLE;
+use super::Fail;
+use super::NodeCmd;
+use super::client::Client;
+use super::output::emit_or_quiet;
+use super::output::list_text;
+use super::output::opt;
+use super::output::table;
+use super::usage;
+
+/// `modelforge admin smoke <node>`: start the smoke, wait for the agent's report.
+pub(super) async fn smoke_cmd(
+    args: &AdminArgs,
+    c: &mut Client,
+    node_id: &str,
+    wait: Duration,
+) -> Result<i32, Fail> {
+    let (started, _): (api::SmokeStarted, _) = c
+        .write_typed(
+            Method::POST,
+            &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
+            &api::EmptyRequest {},
+            None,
+        )
+        .await?;
+    let smoke_id = started.smoke_id;
+    let deadline = tokio::time::Instant::now() + wait;
+    let (smoke, v) = loop {
+        let (smoke, v): (api::SmokeView, _) = c
+            .get_typed(&format!(
+                "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}"
+            ))
+            .await?;
+        if smoke.state == "passed" || smoke.state == "failed" {
+            break (smoke, v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Fail(
+                EXIT_UNREACHABLE,
+                format!(
+                    "smoke {smoke_id} is still {} after {wait:?}: is the agent heartbeating?",
+                    smoke.state
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let passed = smoke.state == SmokeState::Passed;
+    emit_or_quiet(args, &v, vec![smoke.state.to_string()], || {
+        let rows = smoke
+            .checks
+            .iter()
+            .map(|c| {
+                vec![
+                    c.name.clone(),
+                    if c.ok { "ok".into() } else { "FAILED".into() },
+                    c.detail.clone(),
+                ]
+            })
+            .collect();
+        format!(
+            "smoke {smoke_id} on {node_id}: {}\n{}",
+            smoke.state,
+            table(&["CHECK", "RESULT", "DETAIL"], rows)
+        )
+    });
+    Ok(if passed { EXIT_OK } else { EXIT_REFUSED })
+}
+
+pub(super) fn node_rows(nodes: &[api::NodeSummary]) -> Vec<Vec<String>> {
+    nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.node_id.to_string(),
+                n.hostname.clone(),
+                n.status.to_string(),
+                n.enabled.to_string(),
+                opt(&n.last_heartbeat_at),
+                n.accelerators.len().to_string(),
+                n.active_credentials.to_string(),
+                n.hostname_conflicts.join(","),
+            ]
+        })
+        .collect()
+}
+
+pub(super) const NODE_HEADERS: [&str; 8] = [
+    "NODE",
+    "HOSTNAME",
+    "STATUS",
+    "ENABLED",
+    "LAST HEARTBEAT",
+    "GPUS",
+    "ACTIVE CREDS",
+    "HOSTNAME CONFLICTS",
+];
+
+pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, Fail> {
+    match cmd {
+        NodeCmd::List { hostname, enabled } => {
+            let mut q = vec![];
+            if let Some(h) = hostname {
+                if !modelforge_proto::valid_hostname(h) {
+                    return Err(usage("--hostname is not a valid hostname"));
+                }
+                q.push(format!("hostname={h}"));
+            }
+            if let Some(e) = enabled {
+                q.push(format!("enabled={e}"));
+            }
+            let path = if q.is_empty() {
+                "/api/v1/admin/hardware/nodes".to_string()
+            } else {
+                format!("/api/v1/admin/hardware/nodes?{}", q.join("&"))
+            };
+            let (list, v): (api::Nodes, _) = c.get_typed(&path).await?;
+            let ids = list.nodes.iter().map(|n| n.node_id.to_string()).collect();
+            emit_or_quiet(args, &v, ids, || {
+                table(&NODE_HEADERS, node_rows(&list.nodes))
+            });
+        }
+        NodeCmd::Show { node_id } => {
+            let (d, v): (api::NodeDetail, _) = c
+                .get_typed(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
+                .await?;
+            emit_or_quiet(args, &v, vec![node_id.clone()], || {
+                let n = &d.summary;
+                let refusal = d
+                    .last_refusal
+                    .as_ref()
+                    .map(|r| format!("{} at {}", r.status, r.at));
+                let fields = [
+                    ("node_id", n.node_id.to_string()),
+                    ("hostname", n.hostname.clone()),
+                    ("status", n.status.to_string()),
+                    ("enabled", n.enabled.to_string()),
+                    ("last_heartbeat_at", opt(&n.last_heartbeat_at)),
+                    ("last_refusal", opt(&refusal)),
+                    ("active_credentials", n.active_credentials.to_string()),
+                    ("hostname_conflicts", list_text(&n.hostname_conflicts)),
+                    ("accelerators_verified", n.accelerators_verified.to_string()),
+                    ("view_rebuilt_at", n.view_rebuilt_at.clone()),
+                    ("enrolled_at", n.enrolled_at.clone()),
+                    ("decommissioned_at", opt(&n.decommissioned_at)),
+                ];
+                let mut out = String::new();
+                for (k, value) in fields {
+                    out.push_str(&format!("{k:<22} {value}\n"));
+                }
+                let gpus: Vec<String> = n
+                    .accelerators
+                    .iter()
+                    .map(|a| format!("{} ({})", a.uuid, a.name))
+                    .collect();
+                out.push_str(&format!("{:<22} {}\n", "accelerators", gpus.join(", ")));
+                out.push_str("history:\n");
+                let rows = d
+                    .history
+                    .iter()
+                    .map(|e| {
+                        vec![
+                            e.at.clone(),
+                            e.kind.to_string(),
+                            e.detail.clone(),
+                            e.count.to_string(),
+                        ]
+                    })
+                    .collect();
+                out.push_str(&table(&["AT", "EVENT", "DETAIL", "COUNT"], rows));
+                out
+            });
+        }
+        NodeCmd::Credentials { node_id } => {
+            let (list, v): (api::Credentials, _) = c
+                .get_typed(&format!(
+                    "/api/v1/admin/hardware/nodes/{node_id}/credentials"
+                ))
+                .await?;
+            let creds = &list.credentials;
+            let active = creds
+                .iter()
+                .filter(|c| c.revoked_at.is_none())
+                .map(|c| c.credential_id.to_string())
+                .collect();
+            emit_or_quiet(args, &v, active, || {
+                let mut out = format!(
+                    "node {node_id}: {} active, {} revoked\n",
+                    list.active, list.revoked
+                );
+                out.push_str(&table(
+                    &["CREDENTIAL", "CREATED", "LAST USED", "REVOKED", "REASON"],
+                    creds
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                c.credential_id.to_string(),
+                                c.created_at.clone(),
+                                opt(&c.last_used_at),
+                                opt(&c.revoked_at),
+                                opt(&c.revoked_reason),
+                            ]
+                        })
+                        .collect(),
+                ));
+                out
+            });
+        }
+        NodeCmd::RevokeCredential { node_id, reason } => {
+            let body = api::RevokeRequest {
+                reason: reason.clone(),
+            };
+            let (answer, v): (api::Revoked, _) = c
+                .write_typed(
+                    Method::DELETE,
+                    &format!("/api/v1/admin/hardware/nodes/{node_id}/credential"),
+                    &body,
+                    None,
+                )
+                .await?;
+            let revoked = answer.revoked;
+            let ids = revoked.iter().map(ToString::to_string).collect();
+            emit_or_quiet(args, &v, ids, || {
+                if revoked.is_empty() {
+                    format!("node {node_id}: no active credential to revoke\n")
+                } else {
+                    format!("node {node_id}: revoked {}\n", list_text(&revoked))
+                }
+            });
+        }
+    }
+    Ok(EXIT_OK)
+}

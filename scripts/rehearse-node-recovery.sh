@@ -87,6 +87,10 @@ export MF_ENROLLMENT_TOKEN=
 ADMIN=$MF_ADMIN_TOKEN
 mkdir -p "$MF_DATA"/{m1,m2,m3,agent}
 AGENT_DIR=$MF_DATA/agent
+# The cluster CA the members issue their certificates from, the agent trusts (--ca-file) and
+# every curl below verifies against.
+"$BIN_DIR/modelforge" cluster init-ca --out "$MF_DATA/ca" >/dev/null
+CACERT=$MF_DATA/ca/ca.pem
 
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" "$@"; }
 
@@ -165,10 +169,10 @@ api() {
   key="rehearsal-$(cat /proc/sys/kernel/random/uuid)"
   for _ in 1 2 3; do
     for port in "${PORTS[@]}"; do
-      STATUS=$(curl -sS -m 30 -o "$RESP" -w '%{http_code}' -X "$method" \
+      STATUS=$(curl --cacert "$CACERT" -sS -m 30 -o "$RESP" -w '%{http_code}' -X "$method" \
         -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' \
         -H "Idempotency-Key: $key" ${body:+--data "$body"} \
-        "http://127.0.0.1:$port$path" 2>/dev/null) || STATUS=000
+        "https://127.0.0.1:$port$path" 2>/dev/null) || STATUS=000
       case $STATUS in 000|503) ;; *) return 0 ;; esac
     done
     sleep 1
@@ -184,9 +188,9 @@ api_expect() {
 # heartbeat_status CREDENTIAL NODE_ID: what a heartbeat with that credential is answered (one
 # member; a follower relays it to the leader).
 heartbeat_status() {
-  curl -sS -m 20 -o /dev/null -w '%{http_code}' -X POST \
+  curl --cacert "$CACERT" -sS -m 20 -o /dev/null -w '%{http_code}' -X POST \
     -H "Authorization: Bearer $1" -H 'Content-Type: application/json' --data '{}' \
-    "http://127.0.0.1:${PORTS[0]}/api/v1/agent/nodes/$2/heartbeat" 2>/dev/null || echo 000
+    "https://127.0.0.1:${PORTS[0]}/api/v1/agent/nodes/$2/heartbeat" 2>/dev/null || echo 000
 }
 is_status() { [ "$(heartbeat_status "$2" "$3")" = "$1" ]; }
 
@@ -219,7 +223,7 @@ new_token() {
 # The cluster and the agent
 # ---------------------------------------------------------------------------------------------
 
-member_ready() { curl -sf -m 5 -o /dev/null "http://127.0.0.1:$1/readyz"; }
+member_ready() { curl --cacert "$CACERT" -sf -m 5 -o /dev/null "https://127.0.0.1:$1/readyz"; }
 cluster_ready() {
   local p
   for p in "${PORTS[@]}"; do member_ready "$p" || return 1; done
@@ -394,8 +398,8 @@ d_identity_lost() {
 take_backup() {
   BACKUP=$MF_DATA/cluster.backup
   local status
-  status=$(curl -sS -m 60 -o "$BACKUP" -w '%{http_code}' -H "Authorization: Bearer $ADMIN" \
-    "http://127.0.0.1:${PORTS[1]}/api/v1/admin/backup") || status=000
+  status=$(curl --cacert "$CACERT" -sS -m 60 -o "$BACKUP" -w '%{http_code}' -H "Authorization: Bearer $ADMIN" \
+    "https://127.0.0.1:${PORTS[1]}/api/v1/admin/backup") || status=000
   check "backup from member 2: HTTP $status, $(stat -c %s "$BACKUP") bytes, magic $(head -c 8 "$BACKUP" | tr -cd '[:print:]')" \
     bash -c "[ '$status' = 200 ] && [ \"\$(head -c 8 '$BACKUP')\" = MFBACKUP ]"
 }

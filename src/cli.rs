@@ -15,6 +15,7 @@ use clap::Subcommand;
 use crate::liveness::StatusThresholds;
 use crate::secrets::HashParams;
 use crate::server::ServeConfig;
+use crate::tls::TlsSource;
 
 #[derive(Parser, Debug)]
 #[command(name = "modelforge", version, about = "ModelForge control plane")]
@@ -35,6 +36,20 @@ pub enum Cmd {
     Restore(RestoreArgs),
     /// Operate a cluster over its HTTP API: enrolments, nodes, decommission, audit, doctor.
     Admin(Box<crate::admin_cli::AdminArgs>),
+    /// Cluster setup that needs no running member.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Write a new cluster CA (`ca.pem`, and `ca.key` with mode 0600) into `--out`. Members
+    /// started with `--tls-ca <dir>/ca.pem --tls-ca-key <dir>/ca.key` each issue their own
+    /// certificate from it; agents and the admin CLI trust `ca.pem`.
+    InitCa {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -96,6 +111,7 @@ impl ServeConfig {
             "200ms".into(),
             "--events-interval".into(),
             "200ms".into(),
+            "--insecure-http".into(),
         ];
         match Cli::try_parse_from(args)?.command {
             Cmd::Serve(serve) => serve.into_config(),
@@ -166,9 +182,27 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "MODELFORGE_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
-    /// How peers and agents reach this member (default http://<listen>).
+    /// How peers and agents reach this member (default https://<listen>, or http:// with
+    /// --insecure-http).
     #[arg(long, env = "MODELFORGE_ADVERTISE")]
     pub advertise: Option<String>,
+    /// Serve plain HTTP, without TLS: for tests of this flag and local experiments only
+    /// (a warning is logged on every start).
+    #[arg(long, conflicts_with_all = ["tls_ca", "tls_ca_key", "tls_cert", "tls_key"])]
+    pub insecure_http: bool,
+    /// The cluster CA certificate (from `modelforge cluster init-ca`, or an outside PKI's CA
+    /// with --tls-cert/--tls-key).
+    #[arg(long, env = "MODELFORGE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// The cluster CA's key: the member issues its own certificate from it at start.
+    #[arg(long, env = "MODELFORGE_TLS_CA_KEY", requires = "tls_ca", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls_ca_key: Option<PathBuf>,
+    /// This member's certificate (an outside PKI; with --tls-key and --tls-ca).
+    #[arg(long, env = "MODELFORGE_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// This member's private key (with --tls-cert).
+    #[arg(long, env = "MODELFORGE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Where the Raft log, snapshots and generated secrets live.
     #[arg(long, env = "MODELFORGE_DATA_DIR", default_value = "./modelforge-data")]
     pub data_dir: PathBuf,
@@ -245,10 +279,32 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     pub fn into_config(self) -> anyhow::Result<ServeConfig> {
+        let scheme = if self.insecure_http { "http" } else { "https" };
         let advertise = self
             .advertise
             .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen));
+            .unwrap_or_else(|| format!("{scheme}://{}", self.listen));
+        let tls = match (
+            &self.tls_ca,
+            &self.tls_ca_key,
+            &self.tls_cert,
+            &self.tls_key,
+        ) {
+            _ if self.insecure_http => TlsSource::Insecure,
+            (Some(ca), Some(ca_key), None, None) => TlsSource::IssueFrom {
+                ca: ca.clone(),
+                ca_key: ca_key.clone(),
+            },
+            (Some(ca), None, Some(cert), Some(key)) => TlsSource::Given {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            },
+            (None, None, None, None) => TlsSource::Generated,
+            _ => bail!(
+                "give --tls-ca with --tls-ca-key (certificates issued from the cluster CA), or --tls-ca with --tls-cert and --tls-key (an outside PKI)"
+            ),
+        };
         let mut peers = BTreeMap::new();
         for p in &self.peers {
             let (id, url) = p
@@ -286,6 +342,12 @@ impl ServeArgs {
                 self.node_id
             );
         }
+        if tls == TlsSource::Generated && peers.len() > 1 {
+            bail!(
+                "a member of a {}-member cluster needs the shared cluster CA: run `modelforge cluster init-ca --out <dir>` once and start every member with --tls-ca <dir>/ca.pem --tls-ca-key <dir>/ca.key (or --insecure-http for a local experiment)",
+                peers.len()
+            );
+        }
         if self.offline_after <= self.stale_after {
             bail!("--offline-after must be longer than --stale-after");
         }
@@ -304,6 +366,7 @@ impl ServeArgs {
             node_id: self.node_id,
             listen: self.listen,
             advertise,
+            tls,
             data_dir: self.data_dir,
             peers,
             peer_routes,

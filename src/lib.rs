@@ -15,3 +15,4 @@ pub mod secrets;
 pub mod server;
 pub mod state;
 pub mod supervisor;
+pub mod tls;

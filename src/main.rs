@@ -7,6 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() {
+    modelforge::tls::install_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("MODELFORGE_LOG")
@@ -24,6 +25,13 @@ async fn main() {
         },
         Cmd::Argon2Bench(args) => modelforge::cli::argon2_bench(&args),
         Cmd::Restore(args) => modelforge::cli::restore(&args),
+        Cmd::Cluster(modelforge::cli::ClusterCmd::InitCa { out }) => modelforge::tls::init_ca(&out)
+            .map(|()| {
+                println!(
+                    "wrote {0}/ca.pem and {0}/ca.key (keep ca.key private); start each member with --tls-ca {0}/ca.pem --tls-ca-key {0}/ca.key",
+                    out.display()
+                );
+            }),
     };
     if let Err(e) = result {
         eprintln!("modelforge: {e:#}");

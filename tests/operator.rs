@@ -16,6 +16,7 @@ async fn admin_cli(urls: &str, args: &[&str]) -> (i32, String, String) {
         .arg("admin")
         .args(args)
         .env("MODELFORGE_URL", urls)
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
         .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
         .env("MODELFORGE_LOG", "warn")
         .stdin(std::process::Stdio::null())
@@ -237,7 +238,7 @@ async fn decommission_bad_input_gets_clear_errors_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover() {
     let c = Cluster::start(3).await;
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    let dead = devkit::url(free_port());
     // Failover: a dead member first, then the real ones.
     let urls = format!("{dead},{}", c.urls().join(","));
     let (code, token, err) =
@@ -300,6 +301,7 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
     // A wrong admin token is refused (exit 1 with unauthenticated).
     let out = tokio::process::Command::new(server_bin())
         .args(["admin", "nodes", "list", "--server", &c.url(1)])
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
         .env("MODELFORGE_ADMIN_TOKEN", "wrong-token-wrong-token")
         .output()
         .await
@@ -536,6 +538,7 @@ async fn decommission_execute_asks_on_a_terminal() {
             let mut child = tokio::process::Command::new("/usr/bin/script")
                 .args(["-qec", &cmd, "/dev/null"])
                 .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+                .env("MODELFORGE_CACERT", &harness_ca().cert)
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())

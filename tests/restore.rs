@@ -196,6 +196,10 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
         format!("127.0.0.1:{old_port}"),
         "--data-dir".into(),
         journals[1].display().to_string(),
+        "--tls-ca".into(),
+        harness_ca().cert.display().to_string(),
+        "--tls-ca-key".into(),
+        harness_ca().key.display().to_string(),
     ];
     for id in c.ids.clone() {
         args.push("--peer".into());
@@ -213,7 +217,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     wait_until("the old member campaigns", WAIT, || async {
         let (s, v) = call(
             "GET",
-            &format!("http://127.0.0.1:{old_port}/api/v1/cluster"),
+            &format!("{}/api/v1/cluster", devkit::url(old_port)),
             Some(ADMIN),
             None,
         )

@@ -57,6 +57,7 @@ async fn call(
     bearer: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Value) {
+    modelforge_client::tls::install_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut r = http.request(
         reqwest::Method::from_bytes(method.as_bytes()).unwrap(),

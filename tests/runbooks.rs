@@ -169,6 +169,8 @@ echo "::prelude done"
         .stderr(log)
         .env("PATH", path)
         .env("MODELFORGE_URL", &urls)
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
+        .env("MODELFORGE_CA_FILE", &harness_ca().cert)
         .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
         .env("MODELFORGE_CONTROL_PLANE", &urls)
         .env("MODELFORGE_GPU_SOURCE", "simulated:2")

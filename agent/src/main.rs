@@ -5,6 +5,7 @@
 mod gpu;
 mod smoke;
 mod state_dir;
+mod trust;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -54,6 +55,14 @@ struct Args {
     /// Storage roots to report, repeatable (default: the state dir).
     #[arg(long = "storage-root")]
     storage_roots: Vec<PathBuf>,
+    /// Pin the cluster CA on first contact: `sha256:<hex>` of its certificate (printed by
+    /// `modelforge admin enrollments create`). The agent fetches the CA, and exits before
+    /// sending any token when the hash differs.
+    #[arg(long, env = "MODELFORGE_CA_CERT_HASH")]
+    ca_cert_hash: Option<String>,
+    /// Trust this CA certificate (PEM) instead of pinning by hash.
+    #[arg(long, env = "MODELFORGE_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// How long to keep retrying an enrolment the control plane cannot answer.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     enroll_timeout: Duration,
@@ -65,8 +74,14 @@ use modelforge_client::Answer as Reply;
 struct ControlPlane(modelforge_client::Failover);
 
 impl ControlPlane {
-    fn new(urls: Vec<String>) -> anyhow::Result<Self> {
-        modelforge_client::Failover::new(urls, Duration::from_secs(2), Duration::from_secs(20))
+    fn new(urls: Vec<String>, ca_pem: Option<&str>) -> anyhow::Result<Self> {
+        let tls = match ca_pem {
+            Some(pem) => {
+                Some(modelforge_client::tls::client_config(pem, None).map_err(anyhow::Error::msg)?)
+            }
+            None => None,
+        };
+        modelforge_client::Failover::new(urls, Duration::from_secs(2), Duration::from_secs(20), tls)
             .map(Self)
             .map_err(|e| anyhow::anyhow!("--control-plane: {e}"))
     }
@@ -330,7 +345,14 @@ async fn start(args: Args) -> anyhow::Result<()> {
     }
     let state = StateDir::open(&args.state_dir)?;
     let gpus = GpuSource::open(&args.gpu_source, &hostname)?;
-    let cp = ControlPlane::new(args.control_plane.clone())?;
+    let ca = trust::settle(
+        &args.control_plane,
+        &args.state_dir,
+        args.ca_file.as_deref(),
+        args.ca_cert_hash.as_deref(),
+    )
+    .await?;
+    let cp = ControlPlane::new(args.control_plane.clone(), ca.as_deref())?;
     let mut agent = Agent {
         args,
         hostname,
@@ -345,6 +367,7 @@ async fn start(args: Args) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() {
+    modelforge_client::tls::install_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("MODELFORGE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),

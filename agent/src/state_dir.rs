@@ -27,7 +27,7 @@ pub struct StateDir {
     created_at: String,
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = std::fs::OpenOptions::new()

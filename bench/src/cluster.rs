@@ -46,6 +46,7 @@ pub struct Cluster {
 impl Cluster {
     /// Start 3 members with `extra` serve flags; returns once one of them is leader.
     pub async fn start(bin: &Path, dir: &Path, name: &str, extra: &[String]) -> Self {
+        devkit::ca(bin);
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let peers = devkit::peers(&ports);
         let members = (0..3)
@@ -223,6 +224,7 @@ impl Etcd {
                 .ok()?;
             etcd.children.push(child);
         }
+        modelforge_devkit::install_tls_provider();
         let http = reqwest::Client::builder().no_proxy().build().ok()?;
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(30) {

@@ -40,13 +40,16 @@ fn refusal_code(v: &Value) -> String {
         .unwrap_or_else(|_| v.to_string())
 }
 
+/// The load client: trusts the harness CA when the members speak TLS.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    modelforge_devkit::install_tls_provider();
+    let b = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(1024)
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(30));
+    modelforge_devkit::with_harness_tls(b)
         .build()
         .expect("http client")
 }

@@ -154,11 +154,14 @@ async fn main() {
     let args = parse_args();
     let p = args.profile;
     let dir = tempfile::tempdir().expect("temp dir");
+    let bin = server_bin(&args);
+    // Members speak TLS with the harness CA; the load client trusts it.
+    modelforge_devkit::ca(&bin);
     let mut b = Bench {
         p,
         http: load::client(),
         dir: dir.path().to_path_buf(),
-        bin: server_bin(&args),
+        bin,
         r: Report::default(),
     };
     b.r.put("profile", json!(p.name));

@@ -53,6 +53,7 @@ impl ChaosCluster {
                 bin.display()
             )));
         }
+        devkit::ca(bin);
         let ports: Vec<u16> = (0..n).map(|_| devkit::free_port()).collect();
         let mut proxies = BTreeMap::new();
         for i in 0..n {

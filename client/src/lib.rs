@@ -6,6 +6,8 @@
 //! (the caller's choice: the CLI sends one per invocation; the agent's writes are idempotent or
 //! retried by the agent itself with the same claim).
 
+pub mod tls;
+
 use std::time::Duration;
 
 use modelforge_proto::wire::ErrorBody;
@@ -56,10 +58,13 @@ pub struct Failover {
 
 impl Failover {
     /// A client for `urls` (trimmed, trailing slashes dropped; at least one).
+    /// `tls`: the config to reach `https://` members with (see [`tls::client_config`]); `None`
+    /// reaches only `http://` members (`--insecure-http` clusters).
     pub fn new(
         urls: Vec<String>,
         connect_timeout: Duration,
         timeout: Duration,
+        tls: Option<rustls::ClientConfig>,
     ) -> Result<Self, String> {
         let urls: Vec<String> = urls
             .into_iter()
@@ -69,12 +74,22 @@ impl Failover {
         if urls.is_empty() {
             return Err("at least one control-plane URL is needed".into());
         }
-        let http = reqwest::Client::builder()
+        if tls.is_none()
+            && let Some(u) = urls.iter().find(|u| u.starts_with("https://"))
+        {
+            return Err(format!(
+                "{u} speaks TLS: give the cluster CA (--ca-file, or --ca-cert-hash for an agent; --cacert for the CLI)"
+            ));
+        }
+        tls::install_provider();
+        let mut b = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(connect_timeout)
-            .timeout(timeout)
-            .build()
-            .map_err(|e| e.to_string())?;
+            .timeout(timeout);
+        if let Some(cfg) = tls {
+            b = b.tls_backend_preconfigured(cfg);
+        }
+        let http = b.build().map_err(|e| e.to_string())?;
         Ok(Self {
             urls,
             current: 0,
@@ -193,8 +208,13 @@ mod tests {
             member(404, "node_not_found").await,
             member(200, "unused").await,
         ];
-        let mut c =
-            Failover::new(urls, Duration::from_millis(500), Duration::from_secs(5)).unwrap();
+        let mut c = Failover::new(
+            urls,
+            Duration::from_millis(500),
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
         match c.send(&get("/x")).await {
             Answer::Refused(404, code, _) => assert_eq!(code, "node_not_found"),
             other => panic!("{other:?}"),
@@ -206,8 +226,13 @@ mod tests {
     #[tokio::test]
     async fn no_member_answering_is_unavailable_after_one_pass_and_within_a_deadline() {
         let urls = vec![nobody().await, member(503, "no_leader").await];
-        let mut c =
-            Failover::new(urls, Duration::from_millis(500), Duration::from_secs(5)).unwrap();
+        let mut c = Failover::new(
+            urls,
+            Duration::from_millis(500),
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
         assert!(
             matches!(c.send(&get("/x")).await, Answer::Unavailable(why) if why.contains("503 no_leader"))
         );
@@ -221,7 +246,8 @@ mod tests {
             Failover::new(
                 vec![" / ".into()],
                 Duration::from_secs(1),
-                Duration::from_secs(1)
+                Duration::from_secs(1),
+                None
             )
             .is_err()
         );

@@ -33,9 +33,56 @@ pub fn free_port() -> u16 {
     }
 }
 
-/// The loopback URL of a port.
+/// Install ring as the process's rustls provider (before any reqwest client is built).
+pub fn install_tls_provider() {
+    modelforge_client::tls::install_provider();
+}
+
+/// The loopback URL of a member's port (members speak TLS; see [`ca`]).
 pub fn url(port: u16) -> String {
-    format!("http://127.0.0.1:{port}")
+    format!("https://127.0.0.1:{port}")
+}
+
+/// The harness's cluster CA: one per process, made by the server's own
+/// `modelforge cluster init-ca`, shared by every cluster the process starts. Members are
+/// started with `--tls-ca`/`--tls-ca-key` ([`MemberSpec::args`]), and [`http`] trusts it.
+pub struct Ca {
+    pub dir: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub pem: String,
+}
+
+static CA: std::sync::OnceLock<Ca> = std::sync::OnceLock::new();
+
+/// The harness CA, made on first use with `server_bin cluster init-ca`.
+pub fn ca(server_bin: &Path) -> &'static Ca {
+    modelforge_client::tls::install_provider();
+    CA.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!(
+            "mf-harness-ca-{}-{}",
+            std::process::id(),
+            modelforge_proto::new_uuid()
+        ));
+        let out = Command::new(server_bin)
+            .args(["cluster", "init-ca", "--out"])
+            .arg(&dir)
+            .output()
+            .expect("run modelforge cluster init-ca");
+        assert!(
+            out.status.success(),
+            "cluster init-ca failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cert = dir.join("ca.pem");
+        let pem = std::fs::read_to_string(&cert).expect("read the harness CA");
+        Ca {
+            key: dir.join("ca.key"),
+            cert,
+            dir,
+            pem,
+        }
+    })
 }
 
 /// One member's `serve` command line: its id, listener, data dir, the full `--peer` list
@@ -65,6 +112,16 @@ impl MemberSpec<'_> {
         }
         for (id, url) in self.routes {
             args.extend(["--peer-route".to_string(), format!("{id}={url}")]);
+        }
+        if let Some(ca) = CA.get()
+            && !self.extra.iter().any(|a| a == "--insecure-http")
+        {
+            args.extend([
+                "--tls-ca".to_string(),
+                ca.cert.display().to_string(),
+                "--tls-ca-key".into(),
+                ca.key.display().to_string(),
+            ]);
         }
         args.extend(self.extra.iter().cloned());
         args
@@ -177,14 +234,25 @@ impl Drop for Proc {
     }
 }
 
-/// An HTTP client for harness calls: no proxy from the environment, short connects.
+/// `b` trusting the harness CA, when [`ca`] made one (the benchmark's load clients).
+pub fn with_harness_tls(b: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+    match CA.get() {
+        Some(ca) => b.tls_backend_preconfigured(
+            modelforge_client::tls::client_config(&ca.pem, None).expect("the harness CA loads"),
+        ),
+        None => b,
+    }
+}
+
+/// An HTTP client for harness calls: no proxy from the environment, short connects; it trusts
+/// the harness CA (when [`ca`] made one) and nothing else.
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
+    modelforge_client::tls::install_provider();
+    let b = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_millis(500))
-        .pool_max_idle_per_host(64)
-        .build()
-        .expect("an HTTP client")
+        .pool_max_idle_per_host(64);
+    with_harness_tls(b).build().expect("an HTTP client")
 }
 
 /// An admin GET of `path` on the member at `url`, decoded as `T`; None if it did not answer

@@ -279,6 +279,10 @@ pub struct TokenIssued {
     pub enrollment_id: TokenId,
     pub token: String,
     pub expires_at: String,
+    /// `sha256:<hex>` of the cluster CA certificate's DER, which an agent pins with
+    /// `--ca-cert-hash` (absent on a member serving plain HTTP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_hash: Option<String>,
 }
 
 /// One enrolment token as listed: never the token or its hash.

@@ -53,15 +53,14 @@ pub struct PeerNetwork {
 }
 
 impl PeerNetwork {
-    /// `peer_token` is the value of [`PEER_HEADER`] (derived from the cluster secret).
-    pub fn new(peer_token: String, routes: std::collections::BTreeMap<u64, String>) -> Self {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_millis(500))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .build()
-            .expect("reqwest client without TLS builds");
+    /// `peer_token` is the value of [`PEER_HEADER`] (derived from the cluster secret); `http`
+    /// is the member's peer client (its TLS settings: the cluster CA and the member's
+    /// certificate).
+    pub fn new(
+        peer_token: String,
+        routes: std::collections::BTreeMap<u64, String>,
+        http: reqwest::Client,
+    ) -> Self {
         Self {
             http,
             peer_token,

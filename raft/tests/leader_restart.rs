@@ -143,7 +143,10 @@ async fn start(id: u64, dir: &Path, app: Arc<Journal>) -> Consensus<Journal> {
                     id,
                     dir,
                     app,
-                    PeerNetwork::new("peer".into(), BTreeMap::new()),
+                    PeerNetwork::new("peer".into(), BTreeMap::new(), {
+                        let _ = rustls::crypto::ring::default_provider().install_default();
+                        reqwest::Client::builder().no_proxy().build().unwrap()
+                    }),
                     &tuning(),
                 )
                 .await

@@ -38,8 +38,9 @@ impl Client {
         urls: Vec<String>,
         token: String,
         failover_deadline: Duration,
+        tls: Option<rustls::ClientConfig>,
     ) -> anyhow::Result<Self> {
-        let cluster = Failover::new(urls, Duration::from_secs(1), Duration::from_secs(20))
+        let cluster = Failover::new(urls, Duration::from_secs(1), Duration::from_secs(20), tls)
             .map_err(|e| anyhow::anyhow!("--server: {e}"))?;
         Ok(Self {
             cluster,

@@ -30,9 +30,19 @@ pub(super) async fn enrollments(
             let (issued, v): (api::TokenIssued, _) = c
                 .write_typed(Method::POST, "/api/v1/admin/node-enrollments", &body, None)
                 .await?;
+            let pin = issued
+                .ca_cert_hash
+                .as_ref()
+                .map(|h| format!(" --ca-cert-hash {h}"))
+                .unwrap_or_default();
+            let agent = format!(
+                "modelforge-agent --control-plane {} --state-dir /var/lib/modelforge-agent --enrollment-token {}{pin}",
+                c.urls().join(","),
+                issued.token
+            );
             emit_or_quiet(args, &v, vec![issued.token.clone()], || {
                 format!(
-                    "enrollment {} (expires {})\ntoken (shown once): {}\n",
+                    "enrollment {} (expires {})\ntoken (shown once): {}\non the node, run:\n  {agent}\n",
                     issued.enrollment_id, issued.expires_at, issued.token
                 )
             });

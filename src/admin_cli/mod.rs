@@ -52,9 +52,13 @@ pub struct AdminArgs {
         global = true,
         env = "MODELFORGE_URL",
         value_delimiter = ',',
-        default_value = "http://127.0.0.1:7070"
+        default_value = "https://127.0.0.1:7070"
     )]
     pub server: Vec<String>,
+    /// The cluster CA to trust for https:// members (default: ./modelforge-data/tls/ca.pem
+    /// when it exists, or <MODELFORGE_DATA_DIR>/tls/ca.pem).
+    #[arg(long, global = true, env = "MODELFORGE_CACERT")]
+    pub cacert: Option<PathBuf>,
     /// File holding the admin token (else MODELFORGE_ADMIN_TOKEN, else
     /// ./modelforge-data/admin.token when it exists).
     #[arg(long, global = true)]
@@ -260,6 +264,25 @@ fn admin_token(file: Option<&PathBuf>) -> Result<String, Fail> {
     Ok(t)
 }
 
+/// The cluster CA's PEM: `--cacert`/`MODELFORGE_CACERT`, else the local member's
+/// `<data dir>/tls/ca.pem` when it exists.
+fn cacert(file: Option<&PathBuf>) -> Result<String, Fail> {
+    let data_dir =
+        std::env::var("MODELFORGE_DATA_DIR").unwrap_or_else(|_| "modelforge-data".into());
+    let default = PathBuf::from(data_dir).join("tls/ca.pem");
+    let path = match file {
+        Some(p) => p.clone(),
+        None if default.exists() => default,
+        None => {
+            return Err(usage(format!(
+                "https:// members need the cluster CA: pass --cacert <ca.pem> or set MODELFORGE_CACERT (no {} here)",
+                default.display()
+            )));
+        }
+    };
+    std::fs::read_to_string(&path).map_err(|e| usage(format!("read {}: {e}", path.display())))
+}
+
 /// The server's rule (`modelforge_proto::ids::is_tame`), checked before anything is sent.
 fn check_id(what: &str, id: &str) -> Result<(), Fail> {
     if modelforge_proto::ids::is_tame(id) {
@@ -339,7 +362,13 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         return verify_and_report(&args, &events, expect_head.as_deref(), None);
     }
     let token = admin_token(args.admin_token_file.as_ref())?;
-    let mut c = Client::new(urls, token, args.timeout)
+    let tls = if urls.iter().any(|u| u.starts_with("https://")) {
+        let pem = cacert(args.cacert.as_ref())?;
+        Some(modelforge_client::tls::client_config(&pem, None).map_err(usage)?)
+    } else {
+        None
+    };
+    let mut c = Client::new(urls, token, args.timeout, tls)
         .map_err(|e| Fail(EXIT_UNREACHABLE, e.to_string()))?;
     match &args.command {
         AdminCmd::Cluster => {

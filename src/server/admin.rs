@@ -85,6 +85,7 @@ pub async fn create_enrollment(
                 enrollment_id: token_id,
                 token: token.expose().to_string(),
                 expires_at: rfc3339_ms(expires_at_ms),
+                ca_cert_hash: ctx.ca.as_ref().map(|(_, hash)| hash.clone()),
             };
             Ok((StatusCode::CREATED, axum::Json(body)).into_response())
         }

@@ -417,6 +417,7 @@ mod tests {
             moved: tokio::sync::Notify::new(),
             leads_now,
         };
+        crate::tls::install_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_millis(500))

@@ -46,6 +46,8 @@ pub struct ServeConfig {
     pub node_id: u64,
     pub listen: SocketAddr,
     pub advertise: String,
+    /// Where the member's certificate comes from; `Insecure` serves plain HTTP.
+    pub tls: crate::tls::TlsSource,
     pub data_dir: PathBuf,
     /// The full initial membership, this member included: id -> URL.
     pub peers: BTreeMap<u64, String>,
@@ -82,7 +84,10 @@ pub struct Ctx {
     pub hasher: Hasher,
     pub mint: crate::secrets::CredentialMint,
     pub live: Liveness,
+    /// The client for peer calls: mutual TLS with the member's certificate when TLS is on.
     pub http: reqwest::Client,
+    /// The cluster CA as PEM, and `sha256:<hex>` of its DER (None with --insecure-http).
+    pub ca: Option<(String, String)>,
     pub peer_token: String,
     /// "" for a cluster formed from scratch; `restored-...` for one formed from a backup.
     pub cluster_id: String,
@@ -155,6 +160,36 @@ pub async fn serve(
 
 /// Run one member on `listener` until `stop` is triggered; returns once the HTTP server,
 /// every background loop, the supervision tree and consensus have stopped.
+/// The names a member's certificate covers: the advertised host, the listen address (unless it
+/// is a wildcard), `127.0.0.1` and `localhost`.
+fn tls_names(cfg: &ServeConfig) -> Vec<String> {
+    let mut names = vec![];
+    let host = cfg
+        .advertise
+        .split_once("://")
+        .map_or(cfg.advertise.as_str(), |(_, rest)| rest);
+    let host = host.split('/').next().unwrap_or(host);
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    names.push(
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+    );
+    if !cfg.listen.ip().is_unspecified() {
+        names.push(cfg.listen.ip().to_string());
+    }
+    // Reached on the member's own machine too (health checks, a port forward, the CLI there).
+    names.push("127.0.0.1".to_string());
+    names.push("localhost".to_string());
+    names.retain(|n| !n.is_empty());
+    let mut seen = std::collections::BTreeSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
+}
+
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     cfg: ServeConfig,
@@ -169,11 +204,31 @@ pub async fn serve_on(
     let app = Arc::new(Replicated::with_base(base));
     app.attach_journal(crate::journal::Journal::open(&cfg.data_dir, &cluster_id)?);
     let peer_token = secrets::peer_token(&cfg.cluster_secret, &cluster_id);
+    let tls = crate::tls::prepare(&cfg.tls, &cfg.data_dir, cfg.node_id, &tls_names(&cfg))?;
+    if tls.is_none() {
+        tracing::warn!(
+            "--insecure-http: serving plain HTTP; tokens and credentials cross the network in clear (tests and local experiments only)"
+        );
+    }
+    // One client for every peer call (Raft RPCs, relayed writes, read indexes, the cache
+    // share): it trusts only the cluster CA and presents this member's certificate.
+    crate::tls::install_provider();
+    let mut http = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_millis(500))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true);
+    if let Some(m) = &tls {
+        let cfg = crate::tls::client_config(&m.ca_pem, Some(m.identity()))
+            .map_err(|e| anyhow::anyhow!(e))?;
+        http = http.tls_backend_preconfigured(cfg);
+    }
+    let http = http.build()?;
     let consensus = Consensus::start(
         cfg.node_id,
         &cfg.data_dir.join("raft"),
         app.clone(),
-        PeerNetwork::new(peer_token.clone(), cfg.peer_routes.clone()),
+        PeerNetwork::new(peer_token.clone(), cfg.peer_routes.clone(), http.clone()),
         &cfg.tuning,
     )
     .await
@@ -186,11 +241,6 @@ pub async fn serve_on(
         argon2_hash_ms = hasher.time_one_hash().as_secs_f64() * 1000.0,
         "member started"
     );
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .build()?;
     let mint = crate::secrets::CredentialMint::new(cfg.credential_pool);
     let sup = crate::supervisor::Supervision::start_with(
         app.clone(),
@@ -207,6 +257,7 @@ pub async fn serve_on(
         hasher,
         live: Liveness::new(sup),
         http,
+        ca: tls.as_ref().map(|m| (m.ca_pem.clone(), m.ca_cert_hash())),
         peer_token,
         cluster_id,
         placement: Default::default(),
@@ -236,9 +287,20 @@ pub async fn serve_on(
     }
     until_stopped(Box::pin(return_freed_memory()));
     let switch = stop.clone();
-    let served = axum::serve(listener, router(ctx.clone()).into_make_service())
-        .with_graceful_shutdown(async move { switch.triggered().await })
-        .await;
+    let app_router = router(ctx.clone()).into_make_service();
+    let served = match &tls {
+        Some(m) => {
+            let listener = crate::tls::TlsListener::new(listener, crate::tls::server_config(m)?);
+            axum::serve(listener, app_router)
+                .with_graceful_shutdown(async move { switch.triggered().await })
+                .await
+        }
+        None => {
+            axum::serve(listener, app_router)
+                .with_graceful_shutdown(async move { switch.triggered().await })
+                .await
+        }
+    };
     // However the server ended, everything else stops with it.
     stop.trigger();
     tracing::info!("stopping");

@@ -98,6 +98,7 @@ pub fn router(ctx: Shared) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/cluster/state-digest", get(admin::state_digest))
+        .route("/api/v1/cluster/ca", get(cluster_ca))
         .route("/api/v1/admin/backup", get(backup::backup))
         .merge(leader_routes)
         .merge(peer_routes)
@@ -133,6 +134,22 @@ pub(super) async fn readyz(State(ctx): State<Shared>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, axum::Json(body)).into_response()
+}
+
+/// `GET /api/v1/cluster/ca` (no auth): the cluster CA certificate as PEM text, for agents that
+/// pin it by hash and clients that trust it. 404 on a member serving plain HTTP.
+pub(super) async fn cluster_ca(State(ctx): State<Shared>) -> Result<Response, ApiError> {
+    match &ctx.ca {
+        Some((pem, _)) => Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/x-pem-file")],
+            pem.clone(),
+        )
+            .into_response()),
+        None => Err(ApiError::new(
+            ErrorCode::NotFound,
+            "this member serves plain HTTP (--insecure-http): it has no CA",
+        )),
+    }
 }
 
 pub(super) async fn cluster(

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use modelforge_devkit as devkit;
+pub use modelforge_devkit as devkit;
 use modelforge_devkit::Proc;
 use modelforge_proto::api;
 use modelforge_proto::api::ClusterView;
@@ -67,12 +67,23 @@ pub fn agent_bin() -> PathBuf {
 
 pub use modelforge_devkit::free_port;
 
+/// A client that trusts the harness CA (every member speaks TLS; see `devkit::ca`).
 pub fn http() -> reqwest::Client {
+    let ca = harness_ca();
     reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(15))
+        .tls_backend_preconfigured(
+            modelforge_client::tls::client_config(&ca.pem, None).expect("the harness CA loads"),
+        )
         .build()
         .unwrap()
+}
+
+/// The process's harness CA (made by the server's `cluster init-ca` on first use).
+pub fn harness_ca() -> &'static devkit::Ca {
+    modelforge_client::tls::install_provider();
+    devkit::ca(&server_bin())
 }
 
 /// (status, JSON body or Null). Status 0: no answer.
@@ -186,7 +197,7 @@ where
 }
 
 /// Start a member or agent in a process group of its own, logging at info.
-fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Proc {
+pub fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Proc {
     let mut env = env.to_vec();
     env.push(("MODELFORGE_LOG", "info"));
     Proc::spawn(bin, args, &env, log, true)
@@ -194,7 +205,7 @@ fn spawn(bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> Proc 
 }
 
 /// Wait for a process to exit by itself; its exit code (-1: a signal).
-async fn wait_exit_of(proc: &mut Proc, what: &str) -> i32 {
+pub async fn wait_exit_of(proc: &mut Proc, what: &str) -> i32 {
     proc.wait_exit(WAIT)
         .await
         .unwrap_or_else(|| panic!("{what} did not happen within {WAIT:?}"))
@@ -258,6 +269,7 @@ impl Cluster {
     }
 
     pub async fn start_with(n: usize, extra: &[&str]) -> Self {
+        harness_ca();
         let mut c = Cluster {
             ids: (1..=n as u64).collect(),
             ports: (0..n).map(|_| free_port()).collect(),
@@ -277,7 +289,7 @@ impl Cluster {
     }
 
     pub fn url(&self, id: u64) -> String {
-        format!("http://127.0.0.1:{}", self.ports[(id - 1) as usize])
+        devkit::url(self.ports[(id - 1) as usize])
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -612,6 +624,8 @@ pub struct Agent {
     pub hostname: String,
     urls: Vec<String>,
     gpus: String,
+    /// How it trusts the cluster (default: `--ca-file` with the harness CA), and more flags.
+    trust: Vec<String>,
     log: PathBuf,
     child: Option<Proc>,
 }
@@ -623,9 +637,16 @@ impl Agent {
             hostname: format!("host-{name}"),
             urls,
             gpus: "simulated:2".into(),
+            trust: vec!["--ca-file".into(), harness_ca().cert.display().to_string()],
             log: root.join(format!("agent-{name}.log")),
             child: None,
         }
+    }
+
+    /// Replace how the agent trusts the cluster (e.g. `--ca-cert-hash <pin>`), with more flags.
+    pub fn trust(mut self, args: &[&str]) -> Self {
+        self.trust = args.iter().map(|a| a.to_string()).collect();
+        self
     }
 
     pub fn gpus(mut self, spec: &str) -> Self {
@@ -650,6 +671,7 @@ impl Agent {
             "--enroll-timeout".into(),
             "30s".into(),
         ];
+        args.extend(self.trust.iter().cloned());
         if let Some(t) = token {
             args.push("--enrollment-token".into());
             args.push(t.to_string());

@@ -35,7 +35,7 @@ pub async fn run(b: &mut Bench, one: &mut f64) -> ClusterA {
     let urls = a.urls();
     let leader_url = a.url(a.wait_leader(Duration::from_secs(30)).await);
     for u in &urls {
-        assert!(u.starts_with("http://127.0.0.1:"), "loopback only");
+        assert!(u.starts_with("https://127.0.0.1:"), "loopback only");
     }
 
     let t = Instant::now();

@@ -1,0 +1,408 @@
+//! Transport security: the cluster CA, member certificates, the TLS listener and client configs.
+//!
+//! rustls with the ring provider only. See ARCHITECTURE.md, "Transport security".
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use rcgen::BasicConstraints;
+use rcgen::CertificateParams;
+use rcgen::DnType;
+use rcgen::ExtendedKeyUsagePurpose;
+use rcgen::IsCa;
+use rcgen::Issuer;
+use rcgen::KeyPair;
+use rcgen::KeyUsagePurpose;
+use rcgen::SanType;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::PrivateKeyDer;
+use rustls_pki_types::pem::PemObject;
+
+pub use modelforge_client::tls::cert_hash as ca_cert_hash;
+pub use modelforge_client::tls::client_config;
+pub use modelforge_client::tls::install_provider;
+pub use modelforge_client::tls::roots;
+
+/// The CA's common name (a CA made by `cluster init-ca` or by a first start).
+const CA_NAME: &str = "ModelForge cluster CA";
+/// How long a handshake may take before the connection is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many finished handshakes may wait for axum to take them.
+const ACCEPTED_QUEUE: usize = 256;
+
+/// Where a member's certificate comes from (decided once from the flags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsSource {
+    /// `--insecure-http`: no TLS at all.
+    Insecure,
+    /// No TLS flags: a CA of the member's own in `<data-dir>/tls/`, made on first start.
+    Generated,
+    /// `--tls-ca --tls-ca-key`: issue the member's certificate from the shared CA at start.
+    IssueFrom { ca: PathBuf, ca_key: PathBuf },
+    /// `--tls-cert --tls-key --tls-ca`: an outside PKI.
+    Given {
+        cert: PathBuf,
+        key: PathBuf,
+        ca: PathBuf,
+    },
+}
+
+/// A member's TLS material, loaded and checked.
+pub struct Material {
+    /// The cluster CA certificate as PEM text (what `GET /api/v1/cluster/ca` returns).
+    pub ca_pem: String,
+    pub ca_der: CertificateDer<'static>,
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl Material {
+    /// `sha256:<hex>` of the CA certificate's DER: what an agent pins.
+    pub fn ca_cert_hash(&self) -> String {
+        ca_cert_hash(&self.ca_der)
+    }
+
+    /// The identity a member presents to its peers (its serving certificate).
+    pub fn identity(&self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        (self.chain.clone(), self.key.clone_key())
+    }
+}
+
+/// A new CA: (certificate PEM, key PEM).
+pub fn generate_ca() -> anyhow::Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, CA_NAME);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "ModelForge");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let (not_before, not_after) = validity(Duration::from_secs(10 * 365 * 86_400));
+    params.not_before = not_before;
+    params.not_after = not_after;
+    let cert = params.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// A member certificate signed by the CA: (certificate PEM, key PEM). SANs: every name (IPs as
+/// IP SANs, names as DNS SANs) and the URI `modelforge-member:<id>`; usable as a server and as
+/// a client certificate (members call each other).
+pub fn issue_member(
+    ca_pem: &str,
+    ca_key_pem: &str,
+    member_id: u64,
+    names: &[String],
+) -> anyhow::Result<(String, String)> {
+    let ca_key = KeyPair::from_pem(ca_key_pem).context("the CA key does not parse")?;
+    let issuer =
+        Issuer::from_ca_cert_pem(ca_pem, ca_key).context("the CA certificate does not parse")?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("modelforge member {member_id}"));
+    let mut sans = vec![];
+    for n in names {
+        let san = match n.parse::<IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(n.clone().try_into()?),
+        };
+        if !sans.contains(&san) {
+            sans.push(san);
+        }
+    }
+    sans.push(SanType::URI(
+        format!("modelforge-member:{member_id}").try_into()?,
+    ));
+    params.subject_alt_names = sans;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    let (not_before, not_after) = validity(Duration::from_secs(365 * 86_400));
+    params.not_before = not_before;
+    params.not_after = not_after;
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// From an hour ago (clocks differ a little) to `length` from now.
+fn validity(length: Duration) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = time::OffsetDateTime::now_utc();
+    (now - Duration::from_secs(3600), now + length)
+}
+
+/// `modelforge cluster init-ca --out <dir>`: write `ca.pem` and `ca.key` (0600). Refuses to
+/// replace an existing CA: every member and agent trusts it.
+pub fn init_ca(out: &Path) -> anyhow::Result<()> {
+    let (cert, key) = (out.join("ca.pem"), out.join("ca.key"));
+    if cert.exists() || key.exists() {
+        anyhow::bail!(
+            "{} already holds a CA; remove it first if you mean to replace it (every member and agent trusts it)",
+            out.display()
+        );
+    }
+    std::fs::create_dir_all(out)?;
+    let (cert_pem, key_pem) = generate_ca()?;
+    write_file(&key, key_pem.as_bytes(), 0o600)?;
+    write_file(&cert, cert_pem.as_bytes(), 0o644)?;
+    Ok(())
+}
+
+/// Write `bytes` to `path` atomically with `mode` (a temp file beside it, fsync, rename).
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Prepare a member's material per `source` in `<data_dir>/tls/`; `None` for plain HTTP.
+/// `names` are the hosts the member is reached at (from `--advertise` and `--listen`).
+pub fn prepare(
+    source: &TlsSource,
+    data_dir: &Path,
+    member_id: u64,
+    names: &[String],
+) -> anyhow::Result<Option<Material>> {
+    let dir = data_dir.join("tls");
+    let (ca_pem, cert_pem, key_pem) = match source {
+        TlsSource::Insecure => return Ok(None),
+        TlsSource::Generated => {
+            std::fs::create_dir_all(&dir)?;
+            let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+            if !ca.exists() || !ca_key.exists() {
+                let (c, k) = generate_ca()?;
+                write_file(&ca_key, k.as_bytes(), 0o600)?;
+                write_file(&ca, c.as_bytes(), 0o644)?;
+                tracing::info!(dir = %dir.display(), "generated a cluster CA (clients trust ca.pem)");
+            }
+            issue_into(&dir, &read(&ca)?, &read(&ca_key)?, member_id, names)?
+        }
+        TlsSource::IssueFrom { ca, ca_key } => {
+            std::fs::create_dir_all(&dir)?;
+            let ca_pem = read(ca)?;
+            let out = issue_into(&dir, &ca_pem, &read(ca_key)?, member_id, names)?;
+            // Clients of this member (the CLI's default) trust the shared CA from here.
+            write_file(&dir.join("ca.pem"), ca_pem.as_bytes(), 0o644)?;
+            out
+        }
+        TlsSource::Given { cert, key, ca } => (read(ca)?, read(cert)?, read(key)?),
+    };
+    load(&ca_pem, &cert_pem, &key_pem).map(Some)
+}
+
+/// Issue the member certificate into `dir` (`member.pem`, `member.key`) and read it back.
+fn issue_into(
+    dir: &Path,
+    ca_pem: &str,
+    ca_key_pem: &str,
+    member_id: u64,
+    names: &[String],
+) -> anyhow::Result<(String, String, String)> {
+    let (cert, key) = issue_member(ca_pem, ca_key_pem, member_id, names)?;
+    write_file(&dir.join("member.key"), key.as_bytes(), 0o600)?;
+    write_file(&dir.join("member.pem"), cert.as_bytes(), 0o644)?;
+    Ok((ca_pem.to_string(), cert, key))
+}
+
+/// Parse PEM material.
+pub fn load(ca_pem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<Material> {
+    let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("the CA certificate does not parse: {e}"))?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("the certificate does not parse: {e}"))?;
+    if chain.is_empty() {
+        anyhow::bail!("the certificate file holds no certificate");
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("the private key does not parse: {e}"))?;
+    Ok(Material {
+        ca_pem: ca_pem.to_string(),
+        ca_der,
+        chain,
+        key,
+    })
+}
+
+/// The server side: the member's certificate; a client certificate is optional (agents and
+/// admins have none) and, when presented, must chain to the cluster CA.
+pub fn server_config(m: &Material) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    install_provider();
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(
+        roots(&m.ca_pem).map_err(|e| anyhow::anyhow!(e))?,
+    ))
+    .allow_unauthenticated()
+    .build()?;
+    let mut cfg = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(m.chain.clone(), m.key.clone_key())?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A TLS listener for `axum::serve`: every TCP connection is handshaken in a task of its own
+/// (at most [`HANDSHAKE_TIMEOUT`]), so a slow client never holds up the accept loop.
+pub struct TlsListener {
+    local: std::net::SocketAddr,
+    accepted: tokio::sync::mpsc::Receiver<(
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        std::net::SocketAddr,
+    )>,
+}
+
+impl TlsListener {
+    pub fn new(listener: tokio::net::TcpListener, config: Arc<rustls::ServerConfig>) -> Self {
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, addr) = match listener.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, never spin.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                if tx.is_closed() {
+                    return;
+                }
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, addr)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        TlsListener {
+            local,
+            accepted: rx,
+        }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(x) => x,
+            // The accept loop ended (it only does when this listener is dropped).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_certificate_chains_to_its_ca_and_names_the_member() {
+        install_provider();
+        let (ca, ca_key) = generate_ca().unwrap();
+        let (cert, key) =
+            issue_member(&ca, &ca_key, 3, &["127.0.0.1".into(), "node-a".into()]).unwrap();
+        let m = load(&ca, &cert, &key).unwrap();
+        assert!(m.ca_cert_hash().starts_with("sha256:"));
+        assert_eq!(m.ca_cert_hash().len(), "sha256:".len() + 64);
+        // The server config accepts the pair, and a client trusting the CA verifies it.
+        server_config(&m).unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots(&ca).unwrap()))
+            .build()
+            .unwrap();
+        use rustls::client::danger::ServerCertVerifier;
+        for name in ["127.0.0.1", "node-a"] {
+            let server_name = rustls_pki_types::ServerName::try_from(name.to_string()).unwrap();
+            verifier
+                .verify_server_cert(
+                    &m.chain[0],
+                    &[],
+                    &server_name,
+                    &[],
+                    rustls_pki_types::UnixTime::now(),
+                )
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let other = rustls_pki_types::ServerName::try_from("elsewhere".to_string()).unwrap();
+        assert!(
+            verifier
+                .verify_server_cert(
+                    &m.chain[0],
+                    &[],
+                    &other,
+                    &[],
+                    rustls_pki_types::UnixTime::now()
+                )
+                .is_err()
+        );
+        // Another CA does not verify it.
+        let (ca2, _) = generate_ca().unwrap();
+        let v2 = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots(&ca2).unwrap()))
+            .build()
+            .unwrap();
+        let n = rustls_pki_types::ServerName::try_from("127.0.0.1".to_string()).unwrap();
+        assert!(
+            v2.verify_server_cert(&m.chain[0], &[], &n, &[], rustls_pki_types::UnixTime::now())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn init_ca_writes_a_private_key_and_refuses_to_replace_a_ca() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        init_ca(d.path()).unwrap();
+        let mode = std::fs::metadata(d.path().join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(init_ca(d.path()).is_err());
+    }
+}

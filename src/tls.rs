@@ -270,13 +270,53 @@ pub fn server_config(m: &Material) -> anyhow::Result<Arc<rustls::ServerConfig>> 
     Ok(Arc::new(cfg))
 }
 
+/// Who is at the other end of a connection: its address, and the member id named by the client
+/// certificate it presented (verified against the cluster CA by the handshake), if any.
+#[derive(Clone, Debug)]
+pub struct ConnPeer {
+    pub remote: std::net::SocketAddr,
+    pub member: Option<u64>,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for ConnPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        stream.remote_addr().clone()
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for ConnPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        ConnPeer {
+            remote: *stream.remote_addr(),
+            member: None,
+        }
+    }
+}
+
+/// The member id a certificate names in its URI SAN `modelforge-member:<id>`.
+pub fn member_of(cert: &CertificateDer<'_>) -> Option<u64> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let san = x509.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        x509_parser::extensions::GeneralName::URI(u) => u
+            .strip_prefix("modelforge-member:")
+            .and_then(|id| id.parse().ok()),
+        _ => None,
+    })
+}
+
 /// A TLS listener for `axum::serve`: every TCP connection is handshaken in a task of its own
 /// (at most [`HANDSHAKE_TIMEOUT`]), so a slow client never holds up the accept loop.
 pub struct TlsListener {
     local: std::net::SocketAddr,
     accepted: tokio::sync::mpsc::Receiver<(
         tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-        std::net::SocketAddr,
+        ConnPeer,
     )>,
 }
 
@@ -306,7 +346,17 @@ impl TlsListener {
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, addr)).await;
+                            let member = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .and_then(member_of);
+                            let peer = ConnPeer {
+                                remote: addr,
+                                member,
+                            };
+                            let _ = tx.send((tls, peer)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
@@ -323,7 +373,7 @@ impl TlsListener {
 
 impl axum::serve::Listener for TlsListener {
     type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = std::net::SocketAddr;
+    type Addr = ConnPeer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.accepted.recv().await {
@@ -334,7 +384,10 @@ impl axum::serve::Listener for TlsListener {
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+        Ok(ConnPeer {
+            remote: self.local,
+            member: None,
+        })
     }
 }
 
@@ -349,6 +402,8 @@ mod tests {
         let (cert, key) =
             issue_member(&ca, &ca_key, 3, &["127.0.0.1".into(), "node-a".into()]).unwrap();
         let m = load(&ca, &cert, &key).unwrap();
+        assert_eq!(member_of(&m.chain[0]), Some(3));
+        assert_eq!(member_of(&m.ca_der), None);
         assert!(m.ca_cert_hash().starts_with("sha256:"));
         assert_eq!(m.ca_cert_hash().len(), "sha256:".len() + 64);
         // The server config accepts the pair, and a client trusting the CA verifies it.

@@ -172,7 +172,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     let status = |token: String| {
         let url = format!("{}/internal/v1/status", c.url(1));
         async move {
-            http()
+            member_client(Some(1))
                 .get(url)
                 .header("x-modelforge-peer", token)
                 .send()

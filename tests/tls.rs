@@ -206,3 +206,69 @@ async fn a_member_of_a_cluster_without_a_shared_ca_refuses_to_start() {
     let log = std::fs::read_to_string(scratch.path().join("m.log")).unwrap();
     assert!(log.contains("modelforge cluster init-ca"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_endpoints_take_only_a_current_members_certificate_and_the_cluster_secret() {
+    let c = Cluster::start(1).await;
+    // The single member's cluster secret is its admin token (no MODELFORGE_CLUSTER_SECRET).
+    let secret = modelforge::secrets::peer_token(ADMIN, "");
+    let url = format!("{}/internal/v1/status", c.url(1));
+    let status = |client: reqwest::Client, header: Option<String>| {
+        let url = url.clone();
+        async move {
+            let mut r = client.get(&url);
+            if let Some(h) = header {
+                r = r.header("x-modelforge-peer", h);
+            }
+            match r.send().await {
+                Ok(resp) => {
+                    let s = resp.status().as_u16();
+                    let v = resp.json().await.unwrap_or(serde_json::Value::Null);
+                    (s, v)
+                }
+                Err(_) => (0, serde_json::Value::Null),
+            }
+        }
+    };
+    // The right secret over a connection with no client certificate: 401.
+    let (s, v) = status(member_client(None), Some(secret.clone())).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // A certificate from the cluster CA naming a member not in the configuration: 401.
+    let (s, v) = status(member_client(Some(99)), Some(secret.clone())).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // A member's certificate without the secret, or with an admin token or a credential: 401.
+    let (s, v) = status(member_client(Some(1)), None).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    let (s, v) = status(member_client(Some(1)), Some(ADMIN.into())).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // A member's certificate and the secret: answered.
+    let (s, v) = status(member_client(Some(1)), Some(secret.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    // A certificate from another CA does not even finish the handshake.
+    let other = c.root().join("other-ca");
+    assert!(
+        std::process::Command::new(server_bin())
+            .args(["cluster", "init-ca", "--out"])
+            .arg(&other)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let pem = std::fs::read_to_string(other.join("ca.pem")).unwrap();
+    let key = std::fs::read_to_string(other.join("ca.key")).unwrap();
+    let (cert, key) = modelforge::tls::issue_member(&pem, &key, 1, &["127.0.0.1".into()]).unwrap();
+    let foreign = modelforge::tls::load(&pem, &cert, &key).unwrap().identity();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .tls_backend_preconfigured(
+            modelforge_client::tls::client_config(&harness_ca().pem, Some(foreign)).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let (s, _) = status(client, Some(secret)).await;
+    assert_eq!(
+        s, 0,
+        "a foreign client certificate is refused at the handshake"
+    );
+}

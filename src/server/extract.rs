@@ -187,3 +187,32 @@ impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
         Ok(AdminNode(node_id))
     }
 }
+
+/// The most of an oversized body read (and dropped) before it is refused.
+const DRAIN_CAP: u64 = 16 << 20;
+
+/// A request that declares a body over the API's limit is answered 413 `body_too_large`, after
+/// its body is read and dropped (up to [`DRAIN_CAP`]). Closing a connection with unread data
+/// makes the kernel reset it, and the client, still sending, then loses the answer: over TLS it
+/// saw no answer at all. Outermost layer of the API routes, so nothing else reads the body.
+pub async fn refuse_oversized(
+    axum::extract::State(ctx): axum::extract::State<super::Shared>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > ctx.cfg.max_body_bytes as u64 => {
+            if n <= DRAIN_CAP {
+                let _ = axum::body::to_bytes(req.into_body(), DRAIN_CAP as usize).await;
+            }
+            ApiError::too_large().into_response()
+        }
+        _ => next.run(req).await,
+    }
+}

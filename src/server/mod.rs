@@ -287,7 +287,8 @@ pub async fn serve_on(
     }
     until_stopped(Box::pin(return_freed_memory()));
     let switch = stop.clone();
-    let app_router = router(ctx.clone()).into_make_service();
+    let app_router =
+        router(ctx.clone()).into_make_service_with_connect_info::<crate::tls::ConnPeer>();
     let served = match &tls {
         Some(m) => {
             let listener = crate::tls::TlsListener::new(listener, crate::tls::server_config(m)?);

@@ -31,6 +31,48 @@ pub const READ_INDEX: &str = "/internal/v1/read-index";
 /// Verified-credential cache entries shared by the leader.
 pub const VERIFIED: &str = "/internal/v1/verified";
 
+/// The gate of every peer endpoint, before its body is read: with TLS on, the connection's
+/// client certificate (verified against the cluster CA) must name a member of the current
+/// configuration (or of the initial `--peer` list, for bootstrap); then the cluster secret.
+pub(super) async fn peer_guard(
+    State(ctx): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let conn = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::tls::ConnPeer>>()
+        .map(|c| c.0.clone());
+    let checked =
+        member_connection(&ctx, conn.as_ref()).and_then(|()| require_peer(&ctx, req.headers()));
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn member_connection(ctx: &Ctx, conn: Option<&crate::tls::ConnPeer>) -> Result<(), ApiError> {
+    if ctx.ca.is_none() {
+        // --insecure-http: the cluster secret alone.
+        return Ok(());
+    }
+    let Some(id) = conn.and_then(|c| c.member) else {
+        return Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
+            "peer endpoints need a member's client certificate from the cluster CA",
+        ));
+    };
+    let member = ctx.cfg.peers.contains_key(&id)
+        || ctx.consensus.status().members.iter().any(|m| m.id == id);
+    if !member {
+        return Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
+            format!("member {id} is not in the cluster's configuration"),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn require_peer(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(PEER_HEADER)

@@ -85,13 +85,22 @@ pub fn router(ctx: Shared) -> Router {
             ctx.clone(),
             forward::leader_gate,
         ))
-        .layer(DefaultBodyLimit::max(ctx.cfg.max_body_bytes));
+        .layer(DefaultBodyLimit::max(ctx.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            super::extract::refuse_oversized,
+        ));
     let peer_routes = Router::new()
         .route(&format!("{RAFT}{{kind}}"), post(peer_rpc))
         .route(PROPOSE, post(peer_propose))
         .route(STATUS, get(peer_status))
         .route(READ_INDEX, get(peer_read_index))
         .route(VERIFIED, post(peer_verified))
+        // Checked before the handler runs, so a refused caller's body is never read.
+        .route_layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            peer_guard,
+        ))
         .layer(DefaultBodyLimit::max(1 << 30));
     Router::new()
         .route("/healthz", get(healthz))

@@ -80,6 +80,28 @@ pub fn http() -> reqwest::Client {
         .unwrap()
 }
 
+/// A client trusting the harness CA that presents a certificate the harness CA issued to member
+/// `id` (`None`: no client certificate), as a peer would.
+pub fn member_client(id: Option<u64>) -> reqwest::Client {
+    let ca = harness_ca();
+    let identity = id.map(|id| {
+        let key = std::fs::read_to_string(&ca.key).unwrap();
+        let (cert, key) =
+            modelforge::tls::issue_member(&ca.pem, &key, id, &["127.0.0.1".into()]).unwrap();
+        modelforge::tls::load(&ca.pem, &cert, &key)
+            .unwrap()
+            .identity()
+    });
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .tls_backend_preconfigured(
+            modelforge_client::tls::client_config(&ca.pem, identity).unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
 /// The process's harness CA (made by the server's `cluster init-ca` on first use).
 pub fn harness_ca() -> &'static devkit::Ca {
     modelforge_client::tls::install_provider();

@@ -257,17 +257,286 @@ pub fn load(ca_pem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<Mater
 /// The server side: the member's certificate; a client certificate is optional (agents and
 /// admins have none) and, when presented, must chain to the cluster CA.
 pub fn server_config(m: &Material) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    server_config_for(&CertStore::new(m)?)
+}
+
+/// [`server_config`] serving whatever certificate `store` holds now (see [`Reloader`]).
+pub fn server_config_for(store: &Arc<CertStore>) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     install_provider();
-    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(
-        roots(&m.ca_pem).map_err(|e| anyhow::anyhow!(e))?,
-    ))
-    .allow_unauthenticated()
-    .build()?;
     let mut cfg = rustls::ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(m.chain.clone(), m.key.clone_key())?;
+        .with_client_cert_verifier(store.verifier.clone())
+        .with_cert_resolver(store.clone());
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
+}
+
+/// The client side of a member's peer calls: trusts only the cluster CA and presents whatever
+/// certificate `store` holds now.
+pub fn member_client_config(store: &Arc<CertStore>) -> anyhow::Result<rustls::ClientConfig> {
+    install_provider();
+    let mut cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(Arc::new(
+            roots(&store.ca_pem).map_err(|e| anyhow::anyhow!(e))?,
+        ))
+        .with_client_cert_resolver(store.clone());
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// The member's current certificate and key, read by every new handshake, in both directions
+/// (the server's resolver and the peer client's), and replaced by [`CertStore::install`].
+#[derive(Debug)]
+pub struct CertStore {
+    current: std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>,
+    ca_pem: String,
+    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    /// Whether the first certificate chained to the CA as a client certificate: then every
+    /// replacement must too (a member's always does; an outside PKI's server-only certificate
+    /// is served as it is).
+    checks_chain: bool,
+}
+
+impl CertStore {
+    pub fn new(m: &Material) -> anyhow::Result<Arc<Self>> {
+        install_provider();
+        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(
+            roots(&m.ca_pem).map_err(|e| anyhow::anyhow!(e))?,
+        ))
+        .allow_unauthenticated()
+        .build()?;
+        let first = certified(m.chain.clone(), m.key.clone_key())?;
+        let checks_chain = chains(&*verifier, &first.cert).is_ok();
+        Ok(Arc::new(CertStore {
+            current: std::sync::RwLock::new(Arc::new(first)),
+            ca_pem: m.ca_pem.clone(),
+            verifier,
+            checks_chain,
+        }))
+    }
+
+    pub fn current(&self) -> Arc<rustls::sign::CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replace the certificate, if the new pair parses, its key matches its certificate, it
+    /// chains to the cluster CA, and it names the same member as the one it replaces; else
+    /// nothing changes.
+    pub fn install(&self, cert_pem: &str, key_pem: &str) -> anyhow::Result<()> {
+        let m = load(&self.ca_pem, cert_pem, key_pem)?;
+        let new = certified(m.chain, m.key)?;
+        if self.checks_chain {
+            chains(&*self.verifier, &new.cert).map_err(|e| {
+                anyhow::anyhow!("the certificate does not chain to the cluster CA: {e}")
+            })?;
+        }
+        let old = self.current();
+        if let (Some(was), is) = (member_of(&old.cert[0]), member_of(&new.cert[0]))
+            && Some(was) != is
+        {
+            anyhow::bail!("the certificate names member {is:?}, not member {was}");
+        }
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
+        Ok(())
+    }
+}
+
+fn certified(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> anyhow::Result<rustls::sign::CertifiedKey> {
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+        .map_err(|e| anyhow::anyhow!("the key does not fit the certificate: {e}"))
+}
+
+fn chains(
+    verifier: &dyn rustls::server::danger::ClientCertVerifier,
+    chain: &[CertificateDer<'static>],
+) -> Result<(), rustls::Error> {
+    verifier
+        .verify_client_cert(&chain[0], &chain[1..], rustls_pki_types::UnixTime::now())
+        .map(|_| ())
+}
+
+impl rustls::server::ResolvesServerCert for CertStore {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for CertStore {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Reloads a member's certificate without a restart: on SIGHUP, and when a watched file
+/// changes (see ARCHITECTURE "Transport security").
+pub struct Reloader {
+    pub store: Arc<CertStore>,
+    source: TlsSource,
+    dir: PathBuf,
+    member_id: u64,
+    names: Vec<String>,
+    /// (modification time, length) of the watched files as last loaded.
+    loaded: Vec<Option<(std::time::SystemTime, u64)>>,
+    /// The same for the last change that failed to load (not retried until they change again).
+    failed: Option<Vec<Option<(std::time::SystemTime, u64)>>>,
+}
+
+/// How often the watched files are looked at.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+impl Reloader {
+    pub fn new(
+        store: Arc<CertStore>,
+        source: &TlsSource,
+        data_dir: &Path,
+        member_id: u64,
+        names: &[String],
+    ) -> Self {
+        let mut r = Reloader {
+            store,
+            source: source.clone(),
+            dir: data_dir.join("tls"),
+            member_id,
+            names: names.to_vec(),
+            loaded: vec![],
+            failed: None,
+        };
+        r.loaded = r.stamps();
+        r
+    }
+
+    /// The certificate and key files whose change is a reload.
+    fn watched(&self) -> Option<(PathBuf, PathBuf)> {
+        match &self.source {
+            TlsSource::Insecure => None,
+            TlsSource::Given { cert, key, .. } => Some((cert.clone(), key.clone())),
+            TlsSource::Generated | TlsSource::IssueFrom { .. } => {
+                Some((self.dir.join("member.pem"), self.dir.join("member.key")))
+            }
+        }
+    }
+
+    fn stamps(&self) -> Vec<Option<(std::time::SystemTime, u64)>> {
+        let Some((cert, key)) = self.watched() else {
+            return vec![];
+        };
+        [cert, key]
+            .iter()
+            .map(|p| {
+                let m = std::fs::metadata(p).ok()?;
+                Some((m.modified().ok()?, m.len()))
+            })
+            .collect()
+    }
+
+    /// Load the watched files into the store.
+    fn load_files(&self) -> anyhow::Result<()> {
+        let (cert, key) = self.watched().context("plain HTTP: nothing to reload")?;
+        self.store.install(&read(&cert)?, &read(&key)?)
+    }
+
+    /// SIGHUP: with an outside PKI re-read its files; with a CA issue a fresh member
+    /// certificate (a renewal) and serve it.
+    pub fn on_signal(&mut self) -> anyhow::Result<()> {
+        let stamps_before = self.stamps();
+        let out = match &self.source {
+            TlsSource::Insecure => anyhow::bail!("plain HTTP: nothing to reload"),
+            TlsSource::Given { .. } => self.load_files(),
+            TlsSource::Generated | TlsSource::IssueFrom { .. } => {
+                let (ca, ca_key) = match &self.source {
+                    TlsSource::IssueFrom { ca, ca_key } => (ca.clone(), ca_key.clone()),
+                    _ => (self.dir.join("ca.pem"), self.dir.join("ca.key")),
+                };
+                let (ca_pem, _, _) = issue_into(
+                    &self.dir,
+                    &read(&ca)?,
+                    &read(&ca_key)?,
+                    self.member_id,
+                    &self.names,
+                )?;
+                debug_assert_eq!(ca_pem, self.store.ca_pem);
+                self.load_files()
+            }
+        };
+        self.loaded = if out.is_ok() {
+            self.stamps()
+        } else {
+            stamps_before
+        };
+        out
+    }
+
+    /// A tick of the watch: `None` when nothing changed, else whether the change loaded.
+    pub fn on_tick(&mut self) -> Option<anyhow::Result<()>> {
+        let now = self.stamps();
+        if now == self.loaded || self.failed.as_ref() == Some(&now) {
+            return None;
+        }
+        let out = self.load_files();
+        if out.is_ok() {
+            self.loaded = now;
+            self.failed = None;
+        } else {
+            self.failed = Some(now);
+        }
+        Some(out)
+    }
+
+    /// Reload on SIGHUP and on file change until `stop` resolves.
+    pub async fn run(mut self) {
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: certificates reload on file change only");
+                None
+            }
+        };
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let (why, out) = tokio::select! {
+                Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
+                    ("SIGHUP", Some(self.on_signal()))
+                }
+                _ = tick.tick() => ("file change", self.on_tick()),
+            };
+            match out {
+                None => {}
+                Some(Ok(())) => {
+                    tracing::info!(trigger = why, serial = %serial_of(&self.store.current().cert[0]), "TLS certificate reloaded")
+                }
+                Some(Err(e)) => tracing::error!(
+                    trigger = why,
+                    error = %e,
+                    "TLS certificate reload failed; still serving the previous certificate"
+                ),
+            }
+        }
+    }
+}
+
+/// The serial number of a certificate, as hex (for the reload log line).
+pub fn serial_of(cert: &CertificateDer<'_>) -> String {
+    x509_parser::parse_x509_certificate(cert.as_ref())
+        .map(|(_, x)| x.raw_serial_as_string())
+        .unwrap_or_default()
 }
 
 /// Who is at the other end of a connection: its address, and the member id named by the client
@@ -459,5 +728,80 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(init_ca(d.path()).is_err());
+    }
+
+    #[test]
+    fn a_reload_installs_only_a_matching_pair_from_the_ca_for_the_same_member() {
+        install_provider();
+        let (ca, ca_key) = generate_ca().unwrap();
+        let names = ["127.0.0.1".to_string()];
+        let (cert, key) = issue_member(&ca, &ca_key, 1, &names).unwrap();
+        let store = CertStore::new(&load(&ca, &cert, &key).unwrap()).unwrap();
+        let first = store.current().cert[0].clone();
+        let (other_ca, other_key) = generate_ca().unwrap();
+        let foreign = issue_member(&other_ca, &other_key, 1, &names).unwrap();
+        let member2 = issue_member(&ca, &ca_key, 2, &names).unwrap();
+        let (next, next_key) = issue_member(&ca, &ca_key, 1, &names).unwrap();
+        for (what, c, k) in [
+            ("a key of another certificate", &next, &key),
+            ("a certificate from another CA", &foreign.0, &foreign.1),
+            ("another member's certificate", &member2.0, &member2.1),
+            ("garbage", &"x".to_string(), &next_key),
+        ] {
+            assert!(store.install(c, k).is_err(), "{what} was installed");
+            assert_eq!(store.current().cert[0], first, "{what}");
+        }
+        store.install(&next, &next_key).unwrap();
+        assert_ne!(store.current().cert[0], first);
+    }
+
+    #[test]
+    fn the_watch_reloads_a_changed_pair_once_and_retries_a_half_written_one_when_it_changes() {
+        install_provider();
+        let d = tempfile::tempdir().unwrap();
+        let (ca, ca_key) = generate_ca().unwrap();
+        let names = ["127.0.0.1".to_string()];
+        let (cert_path, key_path) = (d.path().join("c.pem"), d.path().join("c.key"));
+        let write = |c: &str, k: &str| {
+            std::fs::write(&cert_path, c).unwrap();
+            std::fs::write(&key_path, k).unwrap();
+        };
+        let (cert, key) = issue_member(&ca, &ca_key, 1, &names).unwrap();
+        write(&cert, &key);
+        let source = TlsSource::Given {
+            cert: cert_path.clone(),
+            key: key_path.clone(),
+            ca: d.path().join("ca.pem"),
+        };
+        let store = CertStore::new(&load(&ca, &cert, &key).unwrap()).unwrap();
+        let mut r = Reloader::new(store.clone(), &source, d.path(), 1, &names);
+        assert!(r.on_tick().is_none(), "nothing changed");
+        // The new certificate lands before its key (a longer file, so the change is seen even
+        // within the file system's time granularity): refused, the old pair serves on.
+        let (next, next_key) = issue_member(
+            &ca,
+            &ca_key,
+            1,
+            &[names[0].clone(), "a-much-longer-name.example".into()],
+        )
+        .unwrap();
+        std::fs::write(&cert_path, &next).unwrap();
+        assert!(matches!(r.on_tick(), Some(Err(_))));
+        assert!(
+            r.on_tick().is_none(),
+            "a failed change is not retried until it changes"
+        );
+        assert_eq!(
+            store.current().cert[0].as_ref(),
+            load(&ca, &cert, &key).unwrap().chain[0].as_ref()
+        );
+        // Then the key: loaded, once.
+        std::fs::write(&key_path, format!("{next_key}\n")).unwrap();
+        assert!(matches!(r.on_tick(), Some(Ok(()))));
+        assert!(r.on_tick().is_none());
+        assert_eq!(
+            store.current().cert[0].as_ref(),
+            load(&ca, &next, &next_key).unwrap().chain[0].as_ref()
+        );
     }
 }

@@ -167,8 +167,8 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     let view = c.cluster_view(1).await.unwrap();
     let cluster_id = view.cluster_id.clone();
     assert!(cluster_id.starts_with("restored-"), "{view:?}");
-    let old_peer = modelforge::secrets::peer_token(ADMIN, "");
-    let new_peer = modelforge::secrets::peer_token(ADMIN, &cluster_id);
+    let old_peer = peer_header("", 1, "GET", "/internal/v1/status", b"");
+    let new_peer = peer_header(&cluster_id, 1, "GET", "/internal/v1/status", b"");
     let status = |token: String| {
         let url = format!("{}/internal/v1/status", c.url(1));
         async move {

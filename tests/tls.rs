@@ -207,42 +207,65 @@ async fn a_member_of_a_cluster_without_a_shared_ca_refuses_to_start() {
     assert!(log.contains("modelforge cluster init-ca"), "{log}");
 }
 
+/// (status, JSON body or Null; status 0: no answer) of one peer call through `client`.
+async fn peer_call(
+    client: &reqwest::Client,
+    method: &str,
+    url: &str,
+    header: Option<String>,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value) {
+    let mut r = client
+        .request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url)
+        .body(body);
+    if let Some(h) = header {
+        r = r.header("x-modelforge-peer", h);
+    }
+    match r.send().await {
+        Ok(resp) => {
+            let s = resp.status().as_u16();
+            let v = resp.json().await.unwrap_or(serde_json::Value::Null);
+            (s, v)
+        }
+        Err(_) => (0, serde_json::Value::Null),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_endpoints_take_only_a_current_members_certificate_and_the_cluster_secret() {
-    let c = Cluster::start(1).await;
-    // The single member's cluster secret is its admin token (no MODELFORGE_CLUSTER_SECRET).
-    let secret = modelforge::secrets::peer_token(ADMIN, "");
-    let url = format!("{}/internal/v1/status", c.url(1));
+    let mut c = Cluster::start(1).await;
+    const STATUS: &str = "/internal/v1/status";
+    let url = format!("{}{STATUS}", c.url(1));
+    let signed = || Some(peer_header("", 1, "GET", STATUS, b""));
     let status = |client: reqwest::Client, header: Option<String>| {
         let url = url.clone();
-        async move {
-            let mut r = client.get(&url);
-            if let Some(h) = header {
-                r = r.header("x-modelforge-peer", h);
-            }
-            match r.send().await {
-                Ok(resp) => {
-                    let s = resp.status().as_u16();
-                    let v = resp.json().await.unwrap_or(serde_json::Value::Null);
-                    (s, v)
-                }
-                Err(_) => (0, serde_json::Value::Null),
-            }
-        }
+        async move { peer_call(&client, "GET", &url, header, vec![]).await }
     };
-    // The right secret over a connection with no client certificate: 401.
-    let (s, v) = status(member_client(None), Some(secret.clone())).await;
+    // A correctly signed header over a connection with no client certificate: 401.
+    let (s, v) = status(member_client(None), signed()).await;
     assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
     // A certificate from the cluster CA naming a member not in the configuration: 401.
-    let (s, v) = status(member_client(Some(99)), Some(secret.clone())).await;
+    let h = Some(peer_header("", 99, "GET", STATUS, b""));
+    let (s, v) = status(member_client(Some(99)), h).await;
     assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
-    // A member's certificate without the secret, or with an admin token or a credential: 401.
-    let (s, v) = status(member_client(Some(1)), None).await;
+    // A member's certificate with no header, or with an admin token, an agent's credential,
+    // or the old fixed header (the bare derived secret) in it: 401.
+    let (_agent, _, credential) = c.enrol_one("a").await;
+    let fixed = modelforge::secrets::peer_token(ADMIN, "");
+    for header in [None, Some(ADMIN.to_string()), Some(credential), Some(fixed)] {
+        let (s, v) = status(member_client(Some(1)), header.clone()).await;
+        assert_eq!(
+            refused(s, &v),
+            (401, "peer_unauthenticated"),
+            "{header:?}: {v}"
+        );
+    }
+    // Signed as another member than the certificate names: 401.
+    let h = Some(peer_header("", 2, "GET", STATUS, b""));
+    let (s, v) = status(member_client(Some(1)), h).await;
     assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
-    let (s, v) = status(member_client(Some(1)), Some(ADMIN.into())).await;
-    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
-    // A member's certificate and the secret: answered.
-    let (s, v) = status(member_client(Some(1)), Some(secret.clone())).await;
+    // A member's certificate and its signed header: answered.
+    let (s, v) = status(member_client(Some(1)), signed()).await;
     assert_eq!(s, 200, "{v}");
     // A certificate from another CA does not even finish the handshake.
     let other = c.root().join("other-ca");
@@ -266,9 +289,263 @@ async fn peer_endpoints_take_only_a_current_members_certificate_and_the_cluster_
         )
         .build()
         .unwrap();
-    let (s, _) = status(client, Some(secret)).await;
+    let (s, _) = status(client, signed()).await;
     assert_eq!(
         s, 0,
         "a foreign client certificate is refused at the handshake"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_peer_request_replayed_or_altered_is_refused() {
+    let c = Cluster::start(1).await;
+    let me = member_client(Some(1));
+    // A proposal exactly as member 1 would hand it over (a codec-encoded envelope); the
+    // bytes do not decode as one, so even the original changes nothing: what matters is that
+    // it passes the gate once (400 bad_peer_body, from the handler) and never again.
+    const PROPOSE: &str = "/internal/v1/propose";
+    let url = format!("{}{PROPOSE}", c.url(1));
+    let body = b"captured proposal bytes".to_vec();
+    let captured = peer_header("", 1, "POST", PROPOSE, &body);
+    let (s, v) = peer_call(&me, "POST", &url, Some(captured.clone()), body.clone()).await;
+    assert_eq!(refused(s, &v), (400, "bad_peer_body"), "the original: {v}");
+    // Replayed at once, and later, on a new connection: 401 both times.
+    for _ in 0..2 {
+        let (s, v) = peer_call(&me, "POST", &url, Some(captured.clone()), body.clone()).await;
+        assert_eq!(
+            refused(s, &v),
+            (401, "peer_unauthenticated"),
+            "a replay: {v}"
+        );
+    }
+    let (s, v) = peer_call(
+        &member_client(Some(1)),
+        "POST",
+        &url,
+        Some(captured),
+        body.clone(),
+    )
+    .await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // A fresh header with another body than the one it signed: 401.
+    let header = peer_header("", 1, "POST", PROPOSE, &body);
+    let (s, v) = peer_call(&me, "POST", &url, Some(header), b"other bytes".to_vec()).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // Signed for another path (a header lifted onto the Raft vote endpoint): 401.
+    let header = peer_header("", 1, "POST", PROPOSE, &body);
+    let vote = format!("{}/internal/v1/raft/vote", c.url(1));
+    let (s, v) = peer_call(&me, "POST", &vote, Some(header), body.clone()).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // Signed 60 s ago with a nonce never seen (a request held back and sent later): 401.
+    let key = modelforge::secrets::peer_token(ADMIN, "");
+    let old = modelforge_raft::peer_auth::PeerSigner::new(key.as_bytes(), 1).sign_at(
+        "POST",
+        PROPOSE,
+        &body,
+        0,
+        modelforge_proto::now_ms() as u64 - 60_000,
+        [42; 16],
+    );
+    let (s, v) = peer_call(&me, "POST", &url, Some(old), body).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cannot_plant_a_verified_credential_cache_entry() {
+    let mut c = Cluster::start(3).await;
+    let leader = c.wait_leader().await;
+    let followers: Vec<u64> = c.ids.iter().copied().filter(|i| *i != leader).collect();
+    let (target, planter) = (followers[0], followers[1]);
+    // The entry a follower would plant: a real credential id with the digest of a secret of
+    // its choosing, so that it could heartbeat with no argon2 once the target leads.
+    let (_agent, _, credential) = c.enrol_one("a").await;
+    let cred_id = credential.split('_').nth(1).unwrap().to_string();
+    let forged: Vec<(String, [u8; 32])> = vec![(cred_id, [7u8; 32])];
+    let body = modelforge_raft::codec::encode(&forged).unwrap();
+    const VERIFIED: &str = "/internal/v1/verified";
+    // The agent's first heartbeat is verified by the leader and shared: wait for that one, so
+    // that nothing else moves the count below.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while learned(&c, target).await < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leader never shared"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = learned(&c, target).await;
+    for (from, to) in [(planter, target), (planter, leader), (target, leader)] {
+        let url = format!("{}{VERIFIED}", c.url(to));
+        let header = peer_header("", from, "POST", VERIFIED, &body);
+        let (s, v) = peer_call(
+            &member_client(Some(from)),
+            "POST",
+            &url,
+            Some(header),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(
+            refused(s, &v),
+            (401, "peer_unauthenticated"),
+            "member {from} planting into {to}: {v}"
+        );
+    }
+    assert_eq!(
+        learned(&c, target).await,
+        before,
+        "a follower's entry was learned"
+    );
+    // The same call signed by the leader over its certificate is taken (the gate can pass).
+    let url = format!("{}{VERIFIED}", c.url(target));
+    let header = peer_header("", leader, "POST", VERIFIED, &body);
+    let (s, v) = peer_call(
+        &member_client(Some(leader)),
+        "POST",
+        &url,
+        Some(header),
+        body,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(learned(&c, target).await, before + 1);
+}
+
+/// The DER of the certificate `url`'s server presents on a new connection.
+async fn served_cert(url: &str) -> Vec<u8> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .tls_info(true)
+        .tls_backend_preconfigured(
+            modelforge_client::tls::client_config(&harness_ca().pem, None).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let resp = client.get(format!("{url}/healthz")).send().await.unwrap();
+    resp.extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|i| i.peer_certificate())
+        .expect("a TLS connection")
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_certificate_rotates_under_heartbeat_load_without_a_failed_request() {
+    let mut c = Cluster::start(1).await;
+    let (_agent, node_id, credential) = c.enrol_one("a").await;
+    let url = c.url(1);
+    // Heartbeats from 8 loops until told to stop, every third on a new connection (a new
+    // handshake), the others on a kept one; every answer that is not 200 is kept.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (stop, url, node_id, credential) = (
+            stop.clone(),
+            url.clone(),
+            node_id.clone(),
+            credential.clone(),
+        );
+        loops.spawn(async move {
+            let (mut sent, mut failed) = (0u64, vec![]);
+            let mut kept = http();
+            let hb = format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if sent % 3 == 0 {
+                    kept = http();
+                }
+                let r = kept
+                    .post(&hb)
+                    .bearer_auth(&credential)
+                    .json(&json!({}))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == 200 => {}
+                    Ok(r) => failed.push(format!("{}", r.status())),
+                    Err(e) => failed.push(format!("{e:?}")),
+                }
+                sent += 1;
+            }
+            (sent, failed)
+        });
+    }
+    let first = served_cert(&url).await;
+
+    // 1. SIGHUP: the member issues itself a new certificate from the CA and serves it.
+    assert!(c.signal(1, libc::SIGHUP));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while served_cert(&url).await == first {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "SIGHUP did not rotate the certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.log(1).contains("TLS certificate reloaded"));
+    let second = served_cert(&url).await;
+    assert!(c.alive(1), "SIGHUP stopped the member");
+
+    // 2. A changed file: an operator (or a renewal job) replaces member.pem and member.key.
+    let key = std::fs::read_to_string(&harness_ca().key).unwrap();
+    let (cert, cert_key) =
+        modelforge::tls::issue_member(&harness_ca().pem, &key, 1, &["127.0.0.1".into()]).unwrap();
+    let dir = c.data_dir(1).join("tls");
+    for (name, text) in [("member.key", &cert_key), ("member.pem", &cert)] {
+        let tmp = dir.join(format!("{name}.new"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+    let third = modelforge::tls::load(&harness_ca().pem, &cert, &cert_key)
+        .unwrap()
+        .chain[0]
+        .to_vec();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while served_cert(&url).await != third {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the changed files were not served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(second, third);
+
+    // 3. A broken pair (a key that is not the certificate's) is refused; the last good one
+    // keeps serving.
+    let other =
+        modelforge::tls::issue_member(&harness_ca().pem, &key, 1, &["127.0.0.1".into()]).unwrap();
+    std::fs::write(dir.join("member.key"), &other.1).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !c.log(1).contains("TLS certificate reload failed") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the broken pair was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(served_cert(&url).await, third);
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut sent, mut failed) = (0, vec![]);
+    while let Some(r) = loops.join_next().await {
+        let (s, f) = r.unwrap();
+        sent += s;
+        failed.extend(f);
+    }
+    assert!(sent > 100, "only {sent} heartbeats sent");
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} heartbeats failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
+/// The cache entries member `id` has learned from a leader.
+async fn learned(c: &Cluster, id: u64) -> u64 {
+    c.cluster_view(id)
+        .await
+        .unwrap()
+        .secret_checks
+        .entries_learned_from_leader
 }

@@ -12,6 +12,7 @@
 pub mod codec;
 pub mod log_store;
 pub mod network;
+pub mod peer_auth;
 pub mod state_machine;
 
 use std::collections::BTreeMap;

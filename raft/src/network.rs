@@ -1,6 +1,6 @@
 //! Peer RPCs (append, vote, pre-vote, full snapshot) over HTTP.
 //!
-//! Bodies are codec-encoded. Every request carries the peer credential header; the receiving
+//! Bodies are codec-encoded. Every request carries the signed peer header (`peer_auth`); the receiving
 //! member's HTTP layer checks it before calling [`serve`]. A connection failure is reported to
 //! openraft as `Unreachable` (it backs off); anything else as a network error.
 
@@ -34,6 +34,7 @@ use crate::Application;
 use crate::Raft;
 use crate::TypeConfig;
 use crate::codec;
+use crate::peer_auth::PeerSigner;
 
 type C = TypeConfig;
 
@@ -46,24 +47,23 @@ pub const RPC_PREFIX: &str = "/internal/v1/raft/";
 #[derive(Clone)]
 pub struct PeerNetwork {
     http: reqwest::Client,
-    peer_token: String,
+    signer: PeerSigner,
     /// Per-member overrides of the URL this member uses to reach a peer (a route through a
     /// NAT, a proxy, or the chaos suite's fault-injecting proxies); others use the advertised URL.
     routes: std::sync::Arc<std::collections::BTreeMap<u64, String>>,
 }
 
 impl PeerNetwork {
-    /// `peer_token` is the value of [`PEER_HEADER`] (derived from the cluster secret); `http`
-    /// is the member's peer client (its TLS settings: the cluster CA and the member's
-    /// certificate).
+    /// `signer` signs [`PEER_HEADER`] on every call (see [`crate::peer_auth`]); `http` is the
+    /// member's peer client (its TLS settings: the cluster CA and the member's certificate).
     pub fn new(
-        peer_token: String,
+        signer: PeerSigner,
         routes: std::collections::BTreeMap<u64, String>,
         http: reqwest::Client,
     ) -> Self {
         Self {
             http,
-            peer_token,
+            signer,
             routes: std::sync::Arc::new(routes),
         }
     }
@@ -99,12 +99,13 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<Resp, RPCError<C>> {
         let body = codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let url = format!("{}{RPC_PREFIX}{kind}", self.base);
+        let path = format!("{RPC_PREFIX}{kind}");
+        let url = format!("{}{path}", self.base);
         let resp = self
             .net
             .http
             .post(&url)
-            .header(PEER_HEADER, &self.net.peer_token)
+            .header(PEER_HEADER, self.net.signer.sign("POST", &path, &body, 0))
             .header("content-type", "application/octet-stream")
             .timeout(timeout)
             .body(body)

@@ -143,10 +143,14 @@ async fn start(id: u64, dir: &Path, app: Arc<Journal>) -> Consensus<Journal> {
                     id,
                     dir,
                     app,
-                    PeerNetwork::new("peer".into(), BTreeMap::new(), {
-                        let _ = rustls::crypto::ring::default_provider().install_default();
-                        reqwest::Client::builder().no_proxy().build().unwrap()
-                    }),
+                    PeerNetwork::new(
+                        modelforge_raft::peer_auth::PeerSigner::new(b"peer", id),
+                        BTreeMap::new(),
+                        {
+                            let _ = rustls::crypto::ring::default_provider().install_default();
+                            reqwest::Client::builder().no_proxy().build().unwrap()
+                        },
+                    ),
                     &tuning(),
                 )
                 .await

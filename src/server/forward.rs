@@ -18,10 +18,11 @@ use modelforge_raft::network::PEER_HEADER;
 
 use super::Shared;
 use crate::error::ApiError;
-use crate::secrets;
 use modelforge_proto::api::ErrorCode;
+use modelforge_raft::peer_auth::PeerSigner;
+use modelforge_raft::peer_auth::Signed;
 
-const HOPS_HEADER: &str = "x-modelforge-hops";
+use super::peer_auth::HOPS_HEADER;
 const MAX_HOPS: u32 = 2;
 /// How long a member waits for an election to finish before answering 503.
 const LEADER_WAIT: Duration = Duration::from_secs(3);
@@ -38,17 +39,18 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
     if ctx.consensus.is_leader() {
         return next.run(req).await;
     }
-    let trusted = req
-        .headers()
-        .get(PEER_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| secrets::same_secret(v, &ctx.peer_token));
-    let hops: u32 = if trusted {
-        req.headers()
-            .get(HOPS_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+    // A request relayed by another member carries its signed peer header: its hop count is
+    // trusted only once that verifies (and its body is checked against it in `relay`).
+    let signed = if req.headers().contains_key(PEER_HEADER) {
+        match super::peer::verify_peer(&ctx, &req) {
+            Ok(s) => Some(s),
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        None
+    };
+    let hops = if signed.is_some() {
+        super::peer_auth::hops_of(&req)
     } else {
         0
     };
@@ -82,7 +84,7 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         return next.run(req).await;
     }
     let url = ctx.peer_url(leader_id, &url);
-    match relay(&ctx, req, leader_id, &url, hops + 1).await {
+    match relay(&ctx, req, signed, leader_id, &url, hops + 1).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
@@ -106,6 +108,7 @@ fn safe_to_resend(
 async fn relay(
     ctx: &Shared,
     req: Request,
+    signed: Option<Signed>,
     leader_id: u64,
     leader_url: &str,
     hops: u32,
@@ -114,6 +117,9 @@ async fn relay(
     let bytes = axum::body::to_bytes(body, ctx.cfg.max_body_bytes)
         .await
         .map_err(|_| ApiError::too_large())?;
+    if let Some(signed) = &signed {
+        super::peer_auth::require_body(signed, &bytes)?;
+    }
     let path = parts
         .uri
         .path_and_query()
@@ -134,7 +140,7 @@ async fn relay(
     send_to_leader(
         &**ctx,
         &ctx.http,
-        &ctx.peer_token,
+        &ctx.signer,
         &relayed,
         leader,
         LEADER_WAIT,
@@ -199,7 +205,7 @@ impl LeaderView for super::Ctx {
 async fn send_to_leader(
     view: &impl LeaderView,
     http: &reqwest::Client,
-    peer_token: &str,
+    signer: &PeerSigner,
     req: &Relayed,
     leader: (u64, String),
     leader_wait: Duration,
@@ -232,7 +238,10 @@ async fn send_to_leader(
             }
         }
         out = out
-            .header(PEER_HEADER, peer_token)
+            .header(
+                PEER_HEADER,
+                signer.sign(req.method.as_str(), &req.path, &req.body, req.hops),
+            )
             .header(HOPS_HEADER, req.hops.to_string());
         let err = match out.send().await {
             // A later attempt's "cannot decide now" (503: not leader, no leader) says nothing
@@ -334,8 +343,31 @@ mod tests {
         }
     }
 
+    /// The fake leaders' TLS: a CA of their own and a certificate for 127.0.0.1 (the relay's
+    /// client trusts that CA, as a member's trusts the cluster's).
+    fn fake_tls() -> &'static (String, tokio_rustls::TlsAcceptor) {
+        static TLS: std::sync::OnceLock<(String, tokio_rustls::TlsAcceptor)> =
+            std::sync::OnceLock::new();
+        TLS.get_or_init(|| {
+            let (ca, ca_key) = crate::tls::generate_ca().unwrap();
+            let (cert, key) =
+                crate::tls::issue_member(&ca, &ca_key, 2, &["127.0.0.1".into()]).unwrap();
+            let m = crate::tls::load(&ca, &cert, &key).unwrap();
+            let cfg = crate::tls::server_config(&m).unwrap();
+            (ca, tokio_rustls::TlsAcceptor::from(cfg))
+        })
+    }
+
+    /// Accept one TLS connection on `listener` (None once it fails).
+    async fn accept_tls(
+        listener: &TcpListener,
+    ) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+        let (sock, _) = listener.accept().await.ok()?;
+        fake_tls().1.accept(sock).await.ok()
+    }
+
     /// Read one HTTP/1.1 request (head and `content-length` body) as text.
-    async fn read_request(sock: &mut tokio::net::TcpStream) -> String {
+    async fn read_request(sock: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
         loop {
@@ -365,12 +397,12 @@ mod tests {
     /// on). Returns its URL and the requests it read.
     async fn mute_leader(serve: usize) -> (String, Arc<Mutex<Vec<String>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("https://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         tokio::spawn(async move {
             for _ in 0..serve {
-                let Ok((mut sock, _)) = listener.accept().await else {
+                let Some(mut sock) = accept_tls(&listener).await else {
                     return;
                 };
                 let request = read_request(&mut sock).await;
@@ -384,7 +416,7 @@ mod tests {
     /// A URL where nothing listens: every connection is refused.
     async fn nobody() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("https://{}", listener.local_addr().unwrap());
         drop(listener);
         url
     }
@@ -421,10 +453,12 @@ mod tests {
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_millis(500))
+            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
             .build()
             .unwrap();
         let leader_wait = Duration::from_secs(1);
-        match send_to_leader(&view, &http, "peer", req, view.leader.clone(), leader_wait).await {
+        let signer = PeerSigner::new(b"peer", 1);
+        match send_to_leader(&view, &http, &signer, req, view.leader.clone(), leader_wait).await {
             Ok(r) => panic!(
                 "the relay answered {} for a leader that never answers",
                 r.status()
@@ -476,10 +510,10 @@ mod tests {
     /// it), then answers every later one 503 `not_leader` (a new leader not ready yet).
     async fn mute_then_not_leader() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("https://{}", listener.local_addr().unwrap());
         tokio::spawn(async move {
             let mut first = true;
-            while let Ok((mut sock, _)) = listener.accept().await {
+            while let Some(mut sock) = accept_tls(&listener).await {
                 read_request(&mut sock).await;
                 if !std::mem::take(&mut first) {
                     let body = r#"{"error":{"code":"not_leader","message":"x"}}"#;
@@ -488,6 +522,7 @@ mod tests {
                         body.len()
                     );
                     let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
                 }
             }
         });

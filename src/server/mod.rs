@@ -13,6 +13,7 @@ mod backup;
 mod extract;
 mod forward;
 mod peer;
+pub mod peer_auth;
 mod routes;
 mod scheduler;
 mod tasks;
@@ -88,7 +89,10 @@ pub struct Ctx {
     pub http: reqwest::Client,
     /// The cluster CA as PEM, and `sha256:<hex>` of its DER (None with --insecure-http).
     pub ca: Option<(String, String)>,
-    pub peer_token: String,
+    /// Signs this member's peer calls (the unreplayable peer header).
+    pub signer: modelforge_raft::peer_auth::PeerSigner,
+    /// Checks the peer header of calls to this member.
+    pub peer_auth: peer_auth::Verifier,
     /// "" for a cluster formed from scratch; `restored-...` for one formed from a backup.
     pub cluster_id: String,
     /// Placements are chosen and proposed one at a time, so that racing requests see each
@@ -203,7 +207,8 @@ pub async fn serve_on(
     }
     let app = Arc::new(Replicated::with_base(base));
     app.attach_journal(crate::journal::Journal::open(&cfg.data_dir, &cluster_id)?);
-    let peer_token = secrets::peer_token(&cfg.cluster_secret, &cluster_id);
+    let peer_key = secrets::peer_token(&cfg.cluster_secret, &cluster_id);
+    let signer = modelforge_raft::peer_auth::PeerSigner::new(peer_key.as_bytes(), cfg.node_id);
     let tls = crate::tls::prepare(&cfg.tls, &cfg.data_dir, cfg.node_id, &tls_names(&cfg))?;
     if tls.is_none() {
         tracing::warn!(
@@ -218,17 +223,18 @@ pub async fn serve_on(
         .connect_timeout(Duration::from_millis(500))
         .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true);
-    if let Some(m) = &tls {
-        let cfg = crate::tls::client_config(&m.ca_pem, Some(m.identity()))
-            .map_err(|e| anyhow::anyhow!(e))?;
-        http = http.tls_backend_preconfigured(cfg);
+    // The member's certificate lives in one store, read by every new handshake in both
+    // directions, so that a reload (SIGHUP, a changed file) needs no restart.
+    let store = tls.as_ref().map(crate::tls::CertStore::new).transpose()?;
+    if let Some(store) = &store {
+        http = http.tls_backend_preconfigured(crate::tls::member_client_config(store)?);
     }
     let http = http.build()?;
     let consensus = Consensus::start(
         cfg.node_id,
         &cfg.data_dir.join("raft"),
         app.clone(),
-        PeerNetwork::new(peer_token.clone(), cfg.peer_routes.clone(), http.clone()),
+        PeerNetwork::new(signer.clone(), cfg.peer_routes.clone(), http.clone()),
         &cfg.tuning,
     )
     .await
@@ -258,7 +264,8 @@ pub async fn serve_on(
         live: Liveness::new(sup),
         http,
         ca: tls.as_ref().map(|m| (m.ca_pem.clone(), m.ca_cert_hash())),
-        peer_token,
+        signer,
+        peer_auth: peer_auth::Verifier::new(peer_key.as_bytes()),
         cluster_id,
         placement: Default::default(),
         to_share: Default::default(),
@@ -286,12 +293,23 @@ pub async fn serve_on(
         until_stopped(Box::pin(mint_ahead(ctx.clone())));
     }
     until_stopped(Box::pin(return_freed_memory()));
+    if let Some(store) = &store {
+        let reloader = crate::tls::Reloader::new(
+            store.clone(),
+            &ctx.cfg.tls,
+            &ctx.cfg.data_dir,
+            ctx.cfg.node_id,
+            &tls_names(&ctx.cfg),
+        );
+        until_stopped(Box::pin(reloader.run()));
+    }
     let switch = stop.clone();
     let app_router =
         router(ctx.clone()).into_make_service_with_connect_info::<crate::tls::ConnPeer>();
-    let served = match &tls {
-        Some(m) => {
-            let listener = crate::tls::TlsListener::new(listener, crate::tls::server_config(m)?);
+    let served = match &store {
+        Some(store) => {
+            let listener =
+                crate::tls::TlsListener::new(listener, crate::tls::server_config_for(store)?);
             axum::serve(listener, app_router)
                 .with_graceful_shutdown(async move { switch.triggered().await })
                 .await

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use axum::extract::Path;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use modelforge_proto::api;
@@ -14,10 +13,10 @@ use modelforge_proto::now_ms;
 use modelforge_raft::WriteError;
 use modelforge_raft::codec;
 use modelforge_raft::network::PEER_HEADER;
+use modelforge_raft::peer_auth::Signed;
 
 use super::*;
 use crate::error::ApiError;
-use crate::secrets;
 use crate::state::Envelope;
 
 /// Raft RPCs: `{RAFT}{kind}` (the raft crate's client side uses the same prefix).
@@ -31,30 +30,68 @@ pub const READ_INDEX: &str = "/internal/v1/read-index";
 /// Verified-credential cache entries shared by the leader.
 pub const VERIFIED: &str = "/internal/v1/verified";
 
-/// The gate of every peer endpoint, before its body is read: with TLS on, the connection's
+/// The most a Raft RPC body may hold (a full snapshot travels in one).
+const RAFT_BODY_MAX: usize = 1 << 30;
+/// The most any other peer body may hold (a proposal, a batch of verified-cache entries).
+const PEER_BODY_MAX: usize = 64 << 20;
+
+/// The gate of every peer endpoint. Before the body is read: with TLS on, the connection's
 /// client certificate (verified against the cluster CA) must name a member of the current
-/// configuration (or of the initial `--peer` list, for bootstrap); then the cluster secret.
+/// configuration (or of the initial `--peer` list, for bootstrap); then the signed peer header
+/// must verify (MAC, window, signer = certificate, nonce unseen). Then the body is read under
+/// the route's cap and must be the one the header signed. The verified [`Signed`] travels to the
+/// handler as a request extension.
 pub(super) async fn peer_guard(
     State(ctx): State<Shared>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let conn = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<crate::tls::ConnPeer>>()
-        .map(|c| c.0.clone());
-    let checked =
-        member_connection(&ctx, conn.as_ref()).and_then(|()| require_peer(&ctx, req.headers()));
-    match checked {
-        Ok(()) => next.run(req).await,
+    match authenticate(&ctx, req).await {
+        Ok(req) => next.run(req).await,
         Err(e) => e.into_response(),
     }
 }
 
-fn member_connection(ctx: &Ctx, conn: Option<&crate::tls::ConnPeer>) -> Result<(), ApiError> {
+async fn authenticate(
+    ctx: &Ctx,
+    req: axum::extract::Request,
+) -> Result<axum::extract::Request, ApiError> {
+    let signed = verify_peer(ctx, &req)?;
+    let cap = if req.uri().path().starts_with(RAFT) {
+        RAFT_BODY_MAX
+    } else {
+        PEER_BODY_MAX
+    };
+    let (mut parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, cap)
+        .await
+        .map_err(|_| ApiError::too_large())?;
+    super::peer_auth::require_body(&signed, &bytes)?;
+    parts.extensions.insert(signed);
+    Ok(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+}
+
+/// The certificate and header checks of a peer request (its body not read yet).
+pub(super) fn verify_peer(ctx: &Ctx, req: &axum::extract::Request) -> Result<Signed, ApiError> {
+    let conn = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::tls::ConnPeer>>()
+        .map(|c| c.0.clone());
+    let member = member_connection(ctx, conn.as_ref())?;
+    ctx.peer_auth.verify(req, member, now_ms() as u64)
+}
+
+/// The member id of the connection's certificate, which must name a member (None without TLS).
+fn member_connection(
+    ctx: &Ctx,
+    conn: Option<&crate::tls::ConnPeer>,
+) -> Result<Option<u64>, ApiError> {
     if ctx.ca.is_none() {
         // --insecure-http: the cluster secret alone.
-        return Ok(());
+        return Ok(None);
     }
     let Some(id) = conn.and_then(|c| c.member) else {
         return Err(ApiError::new(
@@ -70,30 +107,14 @@ fn member_connection(ctx: &Ctx, conn: Option<&crate::tls::ConnPeer>) -> Result<(
             format!("member {id} is not in the cluster's configuration"),
         ));
     }
-    Ok(())
-}
-
-pub(super) fn require_peer(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers
-        .get(PEER_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if given.is_empty() || !secrets::same_secret(given, &ctx.peer_token) {
-        return Err(ApiError::new(
-            ErrorCode::PeerUnauthenticated,
-            "peer endpoints need the cluster secret",
-        ));
-    }
-    Ok(())
+    Ok(Some(id))
 }
 
 pub(super) async fn peer_rpc(
     State(ctx): State<Shared>,
     Path(kind): Path<String>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    require_peer(&ctx, &headers)?;
     match ctx.consensus.handle_peer_rpc(&kind, &body).await {
         Ok(bytes) => Ok(([("content-type", "application/octet-stream")], bytes).into_response()),
         Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => {
@@ -106,11 +127,7 @@ pub(super) async fn peer_rpc(
     }
 }
 
-pub(super) async fn peer_status(
-    State(ctx): State<Shared>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    require_peer(&ctx, &headers)?;
+pub(super) async fn peer_status(State(ctx): State<Shared>) -> Result<Response, ApiError> {
     let initialized = ctx.consensus.is_initialized().await;
     Ok(axum::Json(api::PeerStatus {
         initialized,
@@ -121,11 +138,7 @@ pub(super) async fn peer_status(
 
 /// The leader's read index for a follower: confirmed with a quorum, then the index the
 /// follower must have applied before its local read is linearizable.
-pub(super) async fn peer_read_index(
-    State(ctx): State<Shared>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    require_peer(&ctx, &headers)?;
+pub(super) async fn peer_read_index(State(ctx): State<Shared>) -> Result<Response, ApiError> {
     ctx.consensus
         .read_index()
         .await
@@ -137,10 +150,8 @@ pub(super) async fn peer_read_index(
 /// A member whose write found another leader hands the encoded envelope over here.
 pub(super) async fn peer_propose(
     State(ctx): State<Shared>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    require_peer(&ctx, &headers)?;
     let mut env: Envelope =
         codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
     // Re-stamped by the member that will propose it: expiry is decided by leader time.
@@ -161,10 +172,20 @@ pub(super) async fn peer_propose(
 /// argon2 verifies when it becomes leader after a failover.
 pub(super) async fn peer_verified(
     State(ctx): State<Shared>,
-    headers: HeaderMap,
+    axum::Extension(signed): axum::Extension<Signed>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    require_peer(&ctx, &headers)?;
+    // Only the leader verifies credentials with argon2, so only it has entries to share: a
+    // follower (or a removed member) offering some is refused, and nothing is learned.
+    if ctx.consensus.leader().map(|(id, _)| id) != Some(signed.from) {
+        return Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
+            format!(
+                "member {} is not the leader; only the leader shares verified credentials",
+                signed.from
+            ),
+        ));
+    }
     let entries: Vec<(String, [u8; 32])> =
         codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
     let n = ctx.app.learn_verified(entries);
@@ -202,7 +223,7 @@ pub(super) async fn share_verified(ctx: Shared) {
             let req = ctx
                 .http
                 .post(url)
-                .header(PEER_HEADER, &ctx.peer_token)
+                .header(PEER_HEADER, ctx.signer.sign("POST", VERIFIED, &body, 0))
                 .timeout(Duration::from_secs(2))
                 .body(body.clone());
             if let Err(e) = req.send().await {

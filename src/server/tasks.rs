@@ -28,7 +28,7 @@ pub(super) async fn bootstrap(ctx: Shared) {
         let resp = ctx
             .http
             .get(format!("{}{STATUS}", url.trim_end_matches('/')))
-            .header(PEER_HEADER, &ctx.peer_token)
+            .header(PEER_HEADER, ctx.signer.sign("GET", STATUS, b"", 0))
             .timeout(Duration::from_secs(1))
             .send()
             .await;

@@ -104,7 +104,7 @@ impl Ctx {
         let resp = self
             .http
             .post(format!("{}{PROPOSE}", leader_url.trim_end_matches('/')))
-            .header(PEER_HEADER, &self.peer_token)
+            .header(PEER_HEADER, self.signer.sign("POST", PROPOSE, envelope, 0))
             .timeout(WRITE_DEADLINE)
             .body(envelope.to_vec())
             .send()
@@ -143,7 +143,7 @@ impl Ctx {
         let answer: api::ReadIndex = self
             .http
             .get(format!("{}{READ_INDEX}", url.trim_end_matches('/')))
-            .header(PEER_HEADER, &self.peer_token)
+            .header(PEER_HEADER, self.signer.sign("GET", READ_INDEX, b"", 0))
             .timeout(Duration::from_secs(5))
             .send()
             .await

@@ -102,6 +102,13 @@ pub fn member_client(id: Option<u64>) -> reqwest::Client {
         .unwrap()
 }
 
+/// A peer header signed as member `from` with the harness clusters' secret (the admin token)
+/// for `cluster_id` ("" unless restored): what that member itself would send.
+pub fn peer_header(cluster_id: &str, from: u64, method: &str, path: &str, body: &[u8]) -> String {
+    let key = modelforge::secrets::peer_token(ADMIN, cluster_id);
+    modelforge_raft::peer_auth::PeerSigner::new(key.as_bytes(), from).sign(method, path, body, 0)
+}
+
 /// The process's harness CA (made by the server's `cluster init-ca` on first use).
 pub fn harness_ca() -> &'static devkit::Ca {
     modelforge_client::tls::install_provider();
@@ -351,6 +358,13 @@ impl Cluster {
         self.procs[(id - 1) as usize]
             .as_mut()
             .is_some_and(Proc::alive)
+    }
+
+    /// Send `sig` to member `id`'s process (true when it was delivered).
+    pub fn signal(&self, id: u64, sig: i32) -> bool {
+        self.procs[(id - 1) as usize]
+            .as_ref()
+            .is_some_and(|p| p.signal(sig))
     }
 
     /// `kill -9` a member and reap it.

@@ -75,7 +75,9 @@ pub struct RestoreArgs {
 impl ServeConfig {
     /// A single-member config for in-process tests (`server::serve_on`): the production
     /// defaults, parsed from the same flags `serve` takes, with the data dir, the listener's
-    /// address and admin token given, cheap argon2 and short intervals.
+    /// address and admin token given, cheap argon2 and short intervals. It serves TLS with a
+    /// CA of its own, generated into `<data-dir>/tls/ca.pem` at the first start (clients trust
+    /// that file).
     pub fn for_test(
         data_dir: &Path,
         listen: SocketAddr,
@@ -111,7 +113,6 @@ impl ServeConfig {
             "200ms".into(),
             "--events-interval".into(),
             "200ms".into(),
-            "--insecure-http".into(),
         ];
         match Cli::try_parse_from(args)?.command {
             Cmd::Serve(serve) => serve.into_config(),

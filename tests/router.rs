@@ -2,6 +2,9 @@
 //! loopback listener, no child process), its handlers' refusal paths over real HTTP, and its
 //! shutdown, which must be observable: `serve_on` returns once every background loop ended,
 //! and the data dir opens again in the same process (the Raft store released).
+//!
+//! The member serves TLS with the CA it generates into `<data-dir>/tls/ca.pem` on its first
+//! start; the test's client trusts that CA and nothing else.
 
 use std::time::Duration;
 
@@ -21,44 +24,78 @@ use serde_json::json;
 const ADMIN: &str = "router-test-admin-token-0123456789";
 
 struct Member {
-    url: String,
+    /// The member's base URL and a client trusting its CA.
+    api: Api,
     stop: Shutdown,
     task: tokio::task::JoinHandle<anyhow::Result<Stopped>>,
 }
 
-/// Serve a single member on `dir`, once it is ready.
+/// Where a member answers, and a client that verifies it.
+#[derive(Clone)]
+struct Api {
+    url: String,
+    http: reqwest::Client,
+}
+
+/// A client trusting only the CA in `ca_pem`.
+fn client(ca_pem: &str) -> reqwest::Client {
+    modelforge_client::tls::install_provider();
+    let tls = modelforge_client::tls::client_config(ca_pem, None).unwrap();
+    reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
+/// Serve a single member on `dir`, once it is ready (over TLS, verified against its CA).
 async fn member(dir: &std::path::Path) -> Member {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cfg = ServeConfig::for_test(dir, addr, ADMIN).unwrap();
     let stop = Shutdown::new();
     let task = tokio::spawn(serve_on(listener, cfg, stop.clone()));
-    let m = Member {
-        url: format!("http://{addr}"),
-        stop,
-        task,
-    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while call(&m.url, "GET", "/readyz", None, None).await.0 != 200 {
-        if m.task.is_finished() {
-            panic!("the member stopped while starting: {:?}", m.task.await);
+    let ca = dir.join("tls").join("ca.pem");
+    let mut api: Option<Api> = None;
+    loop {
+        // The CA is written (atomically) when the member starts, or kept from a start before.
+        if api.is_none()
+            && let Ok(pem) = std::fs::read_to_string(&ca)
+        {
+            api = Some(Api {
+                url: format!("https://{addr}"),
+                http: client(&pem),
+            });
+        }
+        if let Some(a) = &api
+            && call(a, "GET", "/readyz", None, None).await.0 == 200
+        {
+            break;
+        }
+        if task.is_finished() {
+            panic!("the member stopped while starting: {:?}", task.await);
         }
         assert!(tokio::time::Instant::now() < deadline, "not ready in 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    m
+    Member {
+        api: api.unwrap(),
+        stop,
+        task,
+    }
 }
 
-/// (status, JSON body) of one request; `bearer` None sends no Authorization.
+/// (status, JSON body) of one request; `bearer` None sends no Authorization. Status 0: no
+/// answer (nothing listening, or a connection that did not verify).
 async fn call(
-    base: &str,
+    api: &Api,
     method: &str,
     path: &str,
     bearer: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Value) {
-    modelforge_client::tls::install_provider();
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let (base, http) = (&api.url, &api.http);
     let mut r = http.request(
         reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
         format!("{base}{path}"),
@@ -99,7 +136,7 @@ async fn refused(
     body: Option<&str>,
     code: ErrorCode,
 ) {
-    let (s, v) = call(&m.url, method, path, bearer, body).await;
+    let (s, v) = call(&m.api, method, path, bearer, body).await;
     let e: ErrorBody = typed(&format!("{method} {path} answered {s}"), &v);
     assert_eq!(
         (s, e.error.code.as_str()),
@@ -110,9 +147,9 @@ async fn refused(
 }
 
 /// The member's state digest.
-async fn digest(base: &str) -> String {
+async fn digest(api: &Api) -> String {
     let (_, v) = call(
-        base,
+        api,
         "GET",
         "/api/v1/cluster/state-digest",
         Some(ADMIN),
@@ -126,7 +163,7 @@ async fn digest(base: &str) -> String {
 async fn the_handlers_refuse_bad_requests_with_the_tables_codes_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let m = member(dir.path()).await;
-    let before = digest(&m.url).await;
+    let before = digest(&m.api).await;
     assert!(!before.is_empty());
 
     use ErrorCode as E;
@@ -267,7 +304,7 @@ async fn the_handlers_refuse_bad_requests_with_the_tables_codes_and_change_nothi
     }
 
     // None of it changed the replicated state.
-    let after = digest(&m.url).await;
+    let after = digest(&m.api).await;
     assert_eq!(after, before, "a refused request changed the state");
     m.stop.trigger();
     m.task.await.unwrap().unwrap();
@@ -278,7 +315,7 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
     let dir = tempfile::tempdir().unwrap();
     let m = member(dir.path()).await;
     let (s, v) = call(
-        &m.url,
+        &m.api,
         "POST",
         "/api/v1/admin/node-enrollments",
         Some(ADMIN),
@@ -290,7 +327,7 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
         .enrollment_id
         .to_string();
 
-    let url = m.url.clone();
+    let api = m.api.clone();
     m.stop.trigger();
     let stopped = tokio::time::timeout(Duration::from_secs(20), m.task)
         .await
@@ -306,7 +343,7 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
         }
     );
     assert_eq!(
-        call(&url, "GET", "/healthz", None, None).await.0,
+        call(&api, "GET", "/healthz", None, None).await.0,
         0,
         "still listening"
     );
@@ -315,7 +352,7 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
     // token written before the shutdown is there.
     let again = member(dir.path()).await;
     let (s, v) = call(
-        &again.url,
+        &again.api,
         "GET",
         "/api/v1/admin/node-enrollments",
         Some(ADMIN),

@@ -44,16 +44,28 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Start 3 members with `extra` serve flags; returns once one of them is leader.
+    /// Start 3 members with `extra` serve flags; returns once one of them is leader. They
+    /// speak TLS with the harness CA, or plain HTTP when `extra` holds `--insecure-http`.
     pub async fn start(bin: &Path, dir: &Path, name: &str, extra: &[String]) -> Self {
         devkit::ca(bin);
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let peers = devkit::peers(&ports);
+        let insecure = extra.iter().any(|a| a == "--insecure-http");
+        let url = |port: u16| {
+            if insecure {
+                format!("http://127.0.0.1:{port}")
+            } else {
+                devkit::url(port)
+            }
+        };
+        let peers: Vec<(u64, String)> = (1..)
+            .zip(&ports)
+            .map(|(id, port)| (id, url(*port)))
+            .collect();
         let members = (0..3)
             .map(|i| {
                 let data_dir = dir.join(format!("{name}-m{}", i + 1));
                 Member {
-                    url: devkit::url(ports[i]),
+                    url: url(ports[i]),
                     args: devkit::MemberSpec {
                         id: i as u64 + 1,
                         port: ports[i],

@@ -82,6 +82,12 @@ impl Stats {
         let i = ((self.lat.len() as f64 * p) as usize).min(self.lat.len() - 1);
         self.lat[i].as_secs_f64() * 1000.0
     }
+    /// Two runs of the same thing as one: their answers and failures over their summed time.
+    pub fn merge(self, other: Stats) -> Stats {
+        let (mut lat, mut more) = (self.lat, other.lat);
+        lat.append(&mut more);
+        Stats::new(lat, self.failed + other.failed, self.secs + other.secs)
+    }
     pub fn json(&self) -> Value {
         json!({"ok": self.ok, "failed": self.failed, "secs": self.secs, "per_s": self.rate(),
                "p50_ms": self.pct(0.5), "p99_ms": self.pct(0.99)})
@@ -121,6 +127,28 @@ where
         failed += f;
     }
     Stats::new(lat, failed, start.elapsed().as_secs_f64())
+}
+
+/// Measure `a` and `b` alternately, two rounds of `dur / 2` each (a, b, a, b), so that a
+/// change of this shared machine's speed meanwhile lands on both alike; each comes back as one
+/// run of `dur`. `run(which, dur)` measures `a` when `which` is false and `b` when it is true.
+pub async fn alternate<F, Fut>(dur: Duration, run: F) -> (Stats, Stats)
+where
+    F: Fn(bool, Duration) -> Fut,
+    Fut: std::future::Future<Output = Stats>,
+{
+    let (mut a, mut b) = (None::<Stats>, None::<Stats>);
+    for _ in 0..2 {
+        for which in [false, true] {
+            let s = run(which, dur / 2).await;
+            let slot = if which { &mut b } else { &mut a };
+            *slot = Some(match slot.take() {
+                Some(earlier) => earlier.merge(s),
+                None => s,
+            });
+        }
+    }
+    (a.expect("measured"), b.expect("measured"))
 }
 
 /// A simulated agent: a real identity and credential, and the body it heartbeats with.

@@ -7,6 +7,10 @@
 //! It builds the server binary it needs, prints a table and writes the figures as JSON
 //! (`--out`, default `target/bench.json`).
 //!
+//! Members serve TLS (certificates from one harness CA, which the load client trusts), and so
+//! does the bare-axum reference; it is also measured over plain HTTP, and twin clusters, one
+//! started with `--insecure-http`, give what TLS costs heartbeats and writes in the same run.
+//!
 //! Two clusters: A runs at the default argon2 parameters (enrolment burst, heartbeat
 //! throughput, replicated writes); B is the agent population (10,000 and 100,000 nodes,
 //! open-loop heartbeats, failover, memory), enrolled with cheap argon2 parameters because a
@@ -174,6 +178,7 @@ async fn main() {
     scenario::heartbeats::run(&mut b, &a, &bare).await;
     scenario::writes::run(&mut b, &a, args.etcd).await;
     drop(a);
+    scenario::tls_cost::run(&mut b).await;
     let mut pop = scenario::population::enrol(&mut b).await;
     scenario::open_loop::run(&mut b, &pop).await;
     let killed = scenario::failover::run(&mut b, &mut pop, one).await;

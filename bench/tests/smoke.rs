@@ -25,6 +25,7 @@ fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     for key in [
         "bare_axum",
+        "bare_axum_plain",
         "argon2",
         "enrol_burst",
         "heartbeats_all_to_the_leader",
@@ -32,6 +33,7 @@ fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
         "writes_1_clients",
         "writes_16_clients",
         "writes_128_clients",
+        "tls_vs_plain",
         "rss_mib_small",
         "heartbeats_open_loop",
         "failover",
@@ -50,7 +52,16 @@ fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
         rss.iter().all(|m| m.as_f64().unwrap() > 0.0),
         "every member's RSS was read"
     );
-    assert!(v["table"].as_array().unwrap().len() >= 12);
+    for side in ["tls", "plain"] {
+        for path in ["heartbeats", "writes"] {
+            assert!(
+                v["tls_vs_plain"][path][side]["per_s"].as_f64().unwrap() > 0.0,
+                "no {path} over {side}"
+            );
+        }
+    }
+    assert!(v["tls_vs_plain"]["heartbeats"]["ratio"].as_f64().unwrap() > 0.0);
+    assert!(v["table"].as_array().unwrap().len() >= 15);
     // Where etcd is installed (CI installs it), its reference is measured, never skipped.
     if ["/usr/bin/etcd", "/usr/local/bin/etcd"]
         .iter()

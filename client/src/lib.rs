@@ -168,25 +168,70 @@ impl Failover {
 mod tests {
     use super::*;
 
-    /// A member that answers every request with `status` and the contract's error body.
-    async fn member(status: u16, code: &'static str) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let app = axum::Router::new().fallback(move || async move {
-            let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+    /// The fake members' TLS: a self-signed certificate for 127.0.0.1 that the client trusts.
+    fn fake_tls() -> &'static (String, tokio_rustls::TlsAcceptor) {
+        static TLS: std::sync::OnceLock<(String, tokio_rustls::TlsAcceptor)> =
+            std::sync::OnceLock::new();
+        TLS.get_or_init(|| {
+            tls::install_provider();
+            let c = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+            let key = rustls_pki_types::PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into());
+            let cfg = rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_single_cert(vec![c.cert.der().clone()], key)
+                .unwrap();
             (
-                axum::http::StatusCode::from_u16(status).unwrap(),
-                [("content-type", "application/json")],
-                body,
+                c.cert.pem(),
+                tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg)),
             )
+        })
+    }
+
+    fn client(urls: Vec<String>) -> Result<Failover, String> {
+        Failover::new(
+            urls,
+            Duration::from_millis(500),
+            Duration::from_secs(5),
+            Some(tls::client_config(&fake_tls().0, None).unwrap()),
+        )
+    }
+
+    /// A member that answers every request (over TLS) with `status` and the contract's error
+    /// body.
+    async fn member(status: u16, code: &'static str) -> String {
+        use tokio::io::AsyncReadExt;
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut s) = fake_tls().1.accept(sock).await else {
+                        return;
+                    };
+                    let (mut head, mut buf) = (Vec::new(), [0u8; 1024]);
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(answer.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                });
+            }
         });
-        tokio::spawn(async move { axum::serve(listener, app).await });
         url
     }
 
     async fn nobody() -> String {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        format!("http://{}", l.local_addr().unwrap())
+        format!("https://{}", l.local_addr().unwrap())
     }
 
     fn get(path: &str) -> Request<'_> {
@@ -208,13 +253,7 @@ mod tests {
             member(404, "node_not_found").await,
             member(200, "unused").await,
         ];
-        let mut c = Failover::new(
-            urls,
-            Duration::from_millis(500),
-            Duration::from_secs(5),
-            None,
-        )
-        .unwrap();
+        let mut c = client(urls).unwrap();
         match c.send(&get("/x")).await {
             Answer::Refused(404, code, _) => assert_eq!(code, "node_not_found"),
             other => panic!("{other:?}"),
@@ -226,13 +265,7 @@ mod tests {
     #[tokio::test]
     async fn no_member_answering_is_unavailable_after_one_pass_and_within_a_deadline() {
         let urls = vec![nobody().await, member(503, "no_leader").await];
-        let mut c = Failover::new(
-            urls,
-            Duration::from_millis(500),
-            Duration::from_secs(5),
-            None,
-        )
-        .unwrap();
+        let mut c = client(urls).unwrap();
         assert!(
             matches!(c.send(&get("/x")).await, Answer::Unavailable(why) if why.contains("503 no_leader"))
         );
@@ -242,9 +275,11 @@ mod tests {
             Answer::Unavailable(_)
         ));
         assert!(t.elapsed() >= Duration::from_millis(600));
+        assert!(client(vec![" / ".into()]).is_err(), "no URL");
+        // An https member with no CA to trust it by is refused before any request.
         assert!(
             Failover::new(
-                vec![" / ".into()],
+                vec![nobody().await],
                 Duration::from_secs(1),
                 Duration::from_secs(1),
                 None

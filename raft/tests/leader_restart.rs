@@ -8,7 +8,7 @@
 //! kept theirs (same log id, so "already present"), and the members' states split.
 //!
 //! Built deterministically in process: three members of [`Consensus`] (the production
-//! configuration) over real HTTP; the leader is stopped, the committed tail it had not flushed
+//! configuration) over real HTTPS (a test CA, like the cluster's); the leader is stopped, the committed tail it had not flushed
 //! is cut from its log, and it is started again. It must not lead its old term, and after one
 //! more write every member must hold the same commands at the same indexes.
 
@@ -98,6 +98,81 @@ async fn peer_rpc(
     }
 }
 
+/// The peer transport's TLS: a CA made for this test and a certificate it signed for
+/// 127.0.0.1, which every member's peer listener serves; the client side trusts only that CA.
+struct Tls {
+    server: Arc<rustls::ServerConfig>,
+    client: rustls::ClientConfig,
+}
+
+impl Tls {
+    fn new() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca =
+            rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Tls {
+            server: Arc::new(server),
+            client,
+        }
+    }
+
+    /// A peer client for [`PeerNetwork`] that verifies the members against the test CA.
+    fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .no_proxy()
+            .tls_backend_preconfigured(self.client.clone())
+            .build()
+            .unwrap()
+    }
+}
+
+/// A TLS listener for `axum::serve`: each connection is handshaken before it is handed over
+/// (the only clients are the test's own members, so one at a time is enough).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
 fn tuning() -> RaftTuning {
     RaftTuning {
         heartbeat_interval_ms: 50,
@@ -130,9 +205,15 @@ where
     }
 }
 
-/// Start member `id` on `dir`; a stopped member's log writer thread releases the database
-/// shortly after its shutdown, so opening is retried until it succeeds.
-async fn start(id: u64, dir: &Path, app: Arc<Journal>) -> Consensus<Journal> {
+/// Start member `id` on `dir`, calling its peers with `http`; a stopped member's log writer
+/// thread releases the database shortly after its shutdown, so opening is retried until it
+/// succeeds.
+async fn start(
+    id: u64,
+    dir: &Path,
+    app: Arc<Journal>,
+    http: &reqwest::Client,
+) -> Consensus<Journal> {
     wait_until(
         &format!("member {id} to start"),
         Duration::from_secs(10),
@@ -146,10 +227,7 @@ async fn start(id: u64, dir: &Path, app: Arc<Journal>) -> Consensus<Journal> {
                     PeerNetwork::new(
                         modelforge_raft::peer_auth::PeerSigner::new(b"peer", id),
                         BTreeMap::new(),
-                        {
-                            let _ = rustls::crypto::ring::default_provider().install_default();
-                            reqwest::Client::builder().no_proxy().build().unwrap()
-                        },
+                        http.clone(),
                     ),
                     &tuning(),
                 )
@@ -194,11 +272,17 @@ async fn write_via_leader(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_leader_with_a_shorter_log_does_not_resume_its_term_and_states_converge() {
     let root = tempfile::tempdir().unwrap();
+    let tls = Tls::new();
+    let http = tls.http();
     let mut urls = BTreeMap::new();
     let mut members = BTreeMap::new();
     for id in 1..=3u64 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.insert(id, format!("http://{}", listener.local_addr().unwrap()));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.insert(id, format!("https://{}", tcp.local_addr().unwrap()));
+        let listener = TlsListener {
+            tcp,
+            acceptor: tokio_rustls::TlsAcceptor::from(tls.server.clone()),
+        };
         let m = Member {
             dir: root.path().join(format!("m{id}")),
             slot: Slot::default(),
@@ -208,7 +292,7 @@ async fn a_restarted_leader_with_a_shorter_log_does_not_resume_its_term_and_stat
             .route("/internal/v1/raft/{kind}", axum::routing::post(peer_rpc))
             .with_state(m.slot.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
-        *m.slot.write().await = Some(start(id, &m.dir, m.app.clone()).await);
+        *m.slot.write().await = Some(start(id, &m.dir, m.app.clone(), &http).await);
         members.insert(id, m);
     }
     for m in members.values() {
@@ -256,7 +340,7 @@ async fn a_restarted_leader_with_a_shorter_log_does_not_resume_its_term_and_stat
 
     // Restart it with an empty application (its state is rebuilt from its shorter log).
     let app = Arc::new(Journal::default());
-    let restarted = start(old_id, &member.dir, app.clone()).await;
+    let restarted = start(old_id, &member.dir, app.clone(), &http).await;
     *member.slot.write().await = Some(restarted.clone());
     let led_old_term = AtomicBool::new(false);
     let knows_leader = restarted

@@ -1,5 +1,5 @@
 //! Closed-loop heartbeats on cluster A, all to the leader and spread over the members, against
-//! the bare-axum reference.
+//! the bare-axum reference over TLS (the members serve TLS).
 
 use super::Bench;
 use super::enrolment::ClusterA;
@@ -7,6 +7,7 @@ use crate::load;
 use crate::load::Stats;
 use crate::load::drive;
 
+/// `bare_s`: the bare-axum reference over TLS.
 pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
     let (p, http) = (b.p, b.http.clone());
     let r = &mut b.r;
@@ -48,7 +49,7 @@ pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
                 s.pct(0.99)
             ),
             format!(
-                "bare axum {:.0}/s ({:.2})",
+                "bare axum over TLS {:.0}/s ({:.2})",
                 bare_s.rate(),
                 s.rate() / bare_s.rate()
             ),

@@ -1,6 +1,6 @@
 //! One module a scenario, run in this order by `main`: the references, cluster A (enrolment,
-//! heartbeats, writes), then cluster B (the population, open-loop heartbeats, failover,
-//! memory). Each takes the run's [`Bench`] and what an earlier scenario built.
+//! heartbeats, writes), the cost of TLS (twin clusters over TLS and plain HTTP), then cluster B
+//! (the population, open-loop heartbeats, failover, memory). Each takes the run's [`Bench`] and what an earlier scenario built.
 
 use std::path::PathBuf;
 
@@ -14,6 +14,7 @@ pub mod memory;
 pub mod open_loop;
 pub mod population;
 pub mod reference;
+pub mod tls_cost;
 pub mod writes;
 
 /// What every scenario shares: the profile, one HTTP client, the scratch dir, the server

@@ -1,6 +1,10 @@
 //! The references every figure is compared with, measured in the same run: a bare axum
-//! endpoint taking the heartbeat body, and the argon2 bound (cores / one hash).
+//! endpoint taking the heartbeat body (over TLS, as members serve, and over plain HTTP, so that
+//! the cost of encryption is known), and the argon2 bound (cores / one hash).
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde_json::json;
@@ -11,33 +15,69 @@ use crate::load::Stats;
 use crate::load::drive;
 use crate::report::cores;
 
-/// Closed-loop posts of the heartbeat body to a bare axum endpoint: the HTTP ceiling here.
+/// Closed-loop posts of the heartbeat body to a bare axum endpoint: the HTTPS ceiling here
+/// (returned: what the members, which serve TLS, are compared with), and the plain-HTTP one,
+/// measured alternately. The load client keeps its connections (one pooled client for every
+/// loop), so TLS costs the record layer, not a handshake a request.
 pub async fn bare_axum(b: &mut Bench) -> Stats {
     let (p, http) = (b.p, b.http.clone());
-    let r = &mut b.r;
-    // ---- Reference: a bare axum endpoint taking the same body.
-    let bare = serve_bare_axum().await;
+    let bare = serve_bare_axum(modelforge_devkit::ca(&b.bin)).await;
+    let (https_url, http_url) = (&bare.https_url, &bare.http_url);
     let body = serde_json::to_vec(&load::telemetry(0)).expect("body");
-    let (h, u, b) = (http.clone(), format!("{bare}/hb"), body.clone());
-    let bare_s = drive(p.hb_loops, p.dur, move |_, _| {
-        let (h, u, b) = (h.clone(), u.clone(), b.clone());
-        async move {
-            h.post(&u)
-                .header("content-type", "application/json")
-                .body(b)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
+    let (tls, plain) = load::alternate(p.dur, |plain, dur| {
+        let (h, b) = (http.clone(), body.clone());
+        let u = format!("{}/hb", if plain { http_url } else { https_url });
+        drive(p.hb_loops, dur, move |_, _| {
+            let (h, u, b) = (h.clone(), u.clone(), b.clone());
+            async move {
+                h.post(&u)
+                    .header("content-type", "application/json")
+                    .body(b)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
     })
     .await;
-    r.put("bare_axum", bare_s.json());
+    // Connections opened over both rounds: the loops' own, kept alive (a handshake each).
+    let conns = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+    let (tls_conns, plain_conns) = (conns(&bare.tls_conns), conns(&bare.plain_conns));
+    let r = &mut b.r;
+    let mut tls_json = tls.json();
+    tls_json["connections"] = json!(tls_conns);
+    let mut plain_json = plain.json();
+    plain_json["connections"] = json!(plain_conns);
+    r.put("bare_axum", tls_json);
+    r.put("bare_axum_plain", plain_json);
     println!(
-        "bare axum: {:.0}/s p99 {:.2} ms",
-        bare_s.rate(),
-        bare_s.pct(0.99)
+        "bare axum: over TLS {:.0}/s p99 {:.2} ms ({} requests, {tls_conns} connections), plain HTTP {:.0}/s p99 {:.2} ms ({} requests, {plain_conns} connections)",
+        tls.rate(),
+        tls.pct(0.99),
+        tls.ok + tls.failed,
+        plain.rate(),
+        plain.pct(0.99),
+        plain.ok + plain.failed,
     );
-    bare_s
+    r.row(
+        "Bare axum, heartbeat body, over TLS",
+        format!(
+            "{:.0}/s p50 {:.2} ms p99 {:.2} ms ({tls_conns} connections)",
+            tls.rate(),
+            tls.pct(0.5),
+            tls.pct(0.99)
+        ),
+        format!(
+            "plain HTTP {:.0}/s p50 {:.2} ms p99 {:.2} ms ({:.2})",
+            plain.rate(),
+            plain.pct(0.5),
+            plain.pct(0.99),
+            tls.rate() / plain.rate().max(1e-9)
+        ),
+        "-",
+        None,
+    );
+    tls
 }
 
 /// The argon2 bound: the median time of one hash at the default parameters (printed).
@@ -54,8 +94,21 @@ pub fn argon2_bound() -> f64 {
     one
 }
 
-async fn serve_bare_axum() -> String {
+/// The bare endpoint, served twice.
+struct BareAxum {
+    https_url: String,
+    http_url: String,
+    /// Connections each listener accepted (handshaken ones, for TLS).
+    tls_conns: Arc<AtomicUsize>,
+    plain_conns: Arc<AtomicUsize>,
+}
+
+/// Serve the bare endpoint on two loopback listeners: one through the members' own TLS stack
+/// (`modelforge::tls`, a certificate issued from the harness CA the load client trusts), one
+/// plain.
+async fn serve_bare_axum(ca: &modelforge_devkit::Ca) -> BareAxum {
     use axum::routing::post;
+    use axum::serve::ListenerExt;
     let app = axum::Router::new().route(
         "/hb",
         post(
@@ -64,12 +117,50 @@ async fn serve_bare_axum() -> String {
             },
         ),
     );
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("bare axum") });
-    format!("http://127.0.0.1:{port}")
+    let ca_key = std::fs::read_to_string(&ca.key).expect("read the harness CA key");
+    let (cert, key) = modelforge::tls::issue_member(&ca.pem, &ca_key, 0, &["127.0.0.1".into()])
+        .expect("issue the bare endpoint's certificate");
+    let material = modelforge::tls::load(&ca.pem, &cert, &key).expect("load it");
+    let config = modelforge::tls::server_config(&material).expect("a TLS server config");
+
+    let bind = || async {
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        (l, port)
+    };
+    let tls_conns = Arc::new(AtomicUsize::new(0));
+    let plain_conns = Arc::new(AtomicUsize::new(0));
+    let (tls_listener, tls_port) = bind().await;
+    let counter = Arc::clone(&tls_conns);
+    let tls_listener = modelforge::tls::TlsListener::new(tls_listener, config).tap_io(move |_| {
+        counter.fetch_add(1, Ordering::Relaxed);
+    });
+    let tls_app = app.clone();
+    tokio::spawn(async move {
+        axum::serve(tls_listener, tls_app)
+            .await
+            .expect("bare axum over TLS")
+    });
+    let (plain_listener, plain_port) = bind().await;
+    let counter = Arc::clone(&plain_conns);
+    let plain_listener = plain_listener.tap_io(move |tcp| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        // As the TLS listener does for every connection.
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(plain_listener, app)
+            .await
+            .expect("bare axum over plain HTTP")
+    });
+    BareAxum {
+        https_url: format!("https://127.0.0.1:{tls_port}"),
+        http_url: format!("http://127.0.0.1:{plain_port}"),
+        tls_conns,
+        plain_conns,
+    }
 }
 
 /// The median time of one argon2id hash at the default parameters (what cluster A runs).

@@ -1,6 +1,9 @@
 //! Replicated writes that hash no secret (revocations and inventory changes alternate) on
 //! cluster A, against a 3-member etcd 3.4 at the same client counts when one is installed.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use serde_json::json;
 
 use super::Bench;
@@ -8,46 +11,59 @@ use super::enrolment::ClusterA;
 use crate::cluster::ADMIN;
 use crate::cluster::Etcd;
 use crate::load;
+use crate::load::SimAgent;
 use crate::load::Stats;
 use crate::load::drive;
+
+/// `clients` closed loops of replicated writes that hash no secret, through the leader at
+/// `leader_url` for `dur`: revocations of the first half of `agents`' credentials and inventory
+/// changes of the second half, alternating.
+pub async fn measure(
+    http: &reqwest::Client,
+    agents: &Arc<Vec<SimAgent>>,
+    leader_url: &str,
+    clients: usize,
+    dur: Duration,
+) -> Stats {
+    let half = agents.len() / 2;
+    let (h, ag, lu) = (http.clone(), agents.clone(), leader_url.to_string());
+    drive(clients, dur, move |_, n| {
+        let (h, ag, lu) = (h.clone(), ag.clone(), lu.clone());
+        async move {
+            if n % 2 == 0 {
+                let a = &ag[(n / 2) % half];
+                h.delete(format!(
+                    "{lu}/api/v1/admin/hardware/nodes/{}/credential",
+                    a.node_id
+                ))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+            } else {
+                let a = &ag[half + (n / 2) % (ag.len() - half)];
+                // A request body (the fixture inventory), edited in place: no answer is read.
+                let mut inv = load::inventory(a.index);
+                inv["storage_roots"][1]["free_bytes"] = json!(n as u64 * 4096);
+                h.put(format!("{lu}/api/v1/agent/nodes/{}/inventory", a.node_id))
+                    .bearer_auth(&a.credential)
+                    .json(&inv)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        }
+    })
+    .await
+}
 
 pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
     let (p, http, dir) = (b.p, b.http.clone(), b.dir.clone());
     let r = &mut b.r;
     let (agents_a, leader_url) = (&a.agents, &a.leader_url);
-    // Replicated writes that hash no secret: revocations and inventory changes alternate.
-    let half = agents_a.len() / 2;
     let mut ours = vec![];
     for c in p.write_clients {
-        let (h, ag, lu) = (http.clone(), agents_a.clone(), leader_url.clone());
-        let s = drive(c, p.dur, move |_, n| {
-            let (h, ag, lu) = (h.clone(), ag.clone(), lu.clone());
-            async move {
-                if n % 2 == 0 {
-                    let a = &ag[(n / 2) % half];
-                    h.delete(format!(
-                        "{lu}/api/v1/admin/hardware/nodes/{}/credential",
-                        a.node_id
-                    ))
-                    .bearer_auth(ADMIN)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status() == 200)
-                } else {
-                    let a = &ag[half + (n / 2) % (ag.len() - half)];
-                    // A request body (the fixture inventory), edited in place: no answer is read.
-                    let mut inv = load::inventory(a.index);
-                    inv["storage_roots"][1]["free_bytes"] = json!(n as u64 * 4096);
-                    h.put(format!("{lu}/api/v1/agent/nodes/{}/inventory", a.node_id))
-                        .bearer_auth(&a.credential)
-                        .json(&inv)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status() == 200)
-                }
-            }
-        })
-        .await;
+        let s = measure(&http, agents_a, leader_url, c, p.dur).await;
         println!(
             "  writes, {c} clients: {:.0}/s p99 {:.2} ms ({} failed)",
             s.rate(),

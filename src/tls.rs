@@ -598,7 +598,12 @@ impl TlsListener {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         tokio::spawn(async move {
             loop {
-                let (tcp, addr) = match listener.accept().await {
+                // Ends with the listener (axum dropped it): the port closes with the server.
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = tx.closed() => return,
+                };
+                let (tcp, addr) = match accepted {
                     Ok(x) => x,
                     Err(e) => {
                         // Out of file descriptors and the like: back off, never spin.
@@ -608,9 +613,6 @@ impl TlsListener {
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                if tx.is_closed() {
-                    return;
-                }
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

@@ -335,11 +335,11 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
         .unwrap()
         .unwrap();
     // bootstrap, leadership watch, coalesced uses, node events, cache sharing, two minting
-    // workers, memory return: all of them ended.
+    // workers, memory return, certificate reload: all of them ended.
     assert_eq!(
         stopped,
         Stopped {
-            background_tasks: 8
+            background_tasks: 9
         }
     );
     assert_eq!(

@@ -27,6 +27,14 @@ pub struct Replicated {
     journal: std::sync::OnceLock<std::sync::Arc<crate::journal::Journal>>,
 }
 
+/// See [`Replicated::cached`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cached {
+    Match,
+    Mismatch,
+    Unknown,
+}
+
 impl Replicated {
     /// The state before log index 1: empty, or a restored backup's (see `backup.rs`).
     pub fn with_base(state: State) -> Self {
@@ -45,12 +53,17 @@ impl Replicated {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `digest` is the digest of the secret last verified for `credential_id`.
-    pub fn is_verified(&self, credential_id: &str, digest: &[u8; 32]) -> bool {
+    /// What the verified cache says of `digest` for `credential_id`: the digest of the secret
+    /// verified for that id, another one (one id has one secret: a wrong secret), or nothing.
+    pub fn cached(&self, credential_id: &str, digest: &[u8; 32]) -> Cached {
         let cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-        cache
-            .get(credential_id)
-            .is_some_and(|d| subtle::ConstantTimeEq::ct_eq(&d[..], &digest[..]).into())
+        match cache.get(credential_id) {
+            None => Cached::Unknown,
+            Some(d) if bool::from(subtle::ConstantTimeEq::ct_eq(&d[..], &digest[..])) => {
+                Cached::Match
+            }
+            Some(_) => Cached::Mismatch,
+        }
     }
 
     pub fn remember_verified(&self, credential_id: &str, digest: [u8; 32]) {

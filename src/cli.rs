@@ -257,6 +257,13 @@ pub struct ServeArgs {
     /// Largest accepted API request body, in bytes.
     #[arg(long, default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
+    /// Open connections this member accepts at most; beyond it new ones are closed at once.
+    #[arg(long, env = "MODELFORGE_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// A connection that has not sent a complete request head within this is closed (idle
+    /// keep-alive connections included).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
     /// Default lifetime of an enrolment token, in seconds.
     #[arg(long, default_value_t = 3600)]
     pub default_token_ttl: u64,
@@ -397,6 +404,8 @@ impl ServeArgs {
                 offline_after_ms: self.offline_after.as_millis() as i64,
             },
             max_body_bytes: self.max_body_bytes,
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
             default_token_ttl_s: self.default_token_ttl,
             max_token_ttl_s: self.max_token_ttl,
             touch_interval: self.touch_interval,

@@ -19,6 +19,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: ErrorCode,
     pub message: String,
+    /// `Retry-After` in seconds for a 429 (default [`RETRY_AFTER_S`]).
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -29,6 +31,14 @@ impl ApiError {
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             code,
             message: message.into(),
+            retry_after_s: None,
+        }
+    }
+    /// 429: this client's budget of failed secret checks is spent for `retry_after_s`.
+    pub fn budget_spent(retry_after_s: u64) -> Self {
+        Self {
+            retry_after_s: Some(retry_after_s),
+            ..Self::of(ErrorCode::TooManyFailedChecks)
         }
     }
     /// An error with its code's own message.
@@ -74,7 +84,7 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(RETRY_AFTER_S),
+                axum::http::HeaderValue::from(self.retry_after_s.unwrap_or(RETRY_AFTER_S.into())),
             );
         }
         response

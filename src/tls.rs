@@ -29,6 +29,10 @@ pub use modelforge_client::tls::client_config;
 pub use modelforge_client::tls::install_provider;
 pub use modelforge_client::tls::roots;
 
+use crate::server::edge::Held;
+use crate::server::edge::Slots;
+use crate::server::edge::accept_held;
+
 /// The CA's common name (a CA made by `cluster init-ca` or by a first start).
 const CA_NAME: &str = "ModelForge cluster CA";
 /// How long a handshake may take before the connection is dropped.
@@ -579,18 +583,28 @@ pub fn member_of(cert: &CertificateDer<'_>) -> Option<u64> {
     })
 }
 
-/// A TLS listener for `axum::serve`: every TCP connection is handshaken in a task of its own
-/// (at most [`HANDSHAKE_TIMEOUT`]), so a slow client never holds up the accept loop.
+/// A TLS listener for `axum::serve` and `server::edge::serve`: every TCP connection takes a
+/// slot at accept (beyond the limit it is closed at once) and is handshaken in a task of its
+/// own (at most [`HANDSHAKE_TIMEOUT`]), so a slow client never holds up the accept loop.
 pub struct TlsListener {
     local: std::net::SocketAddr,
-    accepted: tokio::sync::mpsc::Receiver<(
-        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-        ConnPeer,
-    )>,
+    accepted: tokio::sync::mpsc::Receiver<(TlsIo, ConnPeer)>,
 }
 
+/// A served TLS connection, holding its connection slot.
+pub type TlsIo = tokio_rustls::server::TlsStream<Held<tokio::net::TcpStream>>;
+
 impl TlsListener {
+    /// Without a connection limit (tools and benchmarks serving our stack).
     pub fn new(listener: tokio::net::TcpListener, config: Arc<rustls::ServerConfig>) -> Self {
+        Self::with_slots(listener, config, Slots::unlimited())
+    }
+
+    pub fn with_slots(
+        listener: tokio::net::TcpListener,
+        config: Arc<rustls::ServerConfig>,
+        slots: Arc<Slots>,
+    ) -> Self {
         let local = listener
             .local_addr()
             .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -598,21 +612,11 @@ impl TlsListener {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         tokio::spawn(async move {
             loop {
-                // Ends with the listener (axum dropped it): the port closes with the server.
-                let accepted = tokio::select! {
-                    a = listener.accept() => a,
+                // Ends with the listener (its owner dropped it): the port closes with the server.
+                let (tcp, addr) = tokio::select! {
+                    a = accept_held(&listener, &slots) => a,
                     _ = tx.closed() => return,
                 };
-                let (tcp, addr) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, never spin.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -643,7 +647,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Io = TlsIo;
     type Addr = ConnPeer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -85,6 +85,8 @@ impl Failover {
         let mut b = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(connect_timeout)
+            // Below the members' header-read timeout, which closes idle connections at 30 s.
+            .pool_idle_timeout(Duration::from_secs(20))
             .timeout(timeout);
         if let Some(cfg) = tls {
             b = b.tls_backend_preconfigured(cfg);

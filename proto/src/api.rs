@@ -132,6 +132,8 @@ codes! {
     PeerUnauthenticated = ("peer_unauthenticated", 401, "the peer is not authenticated"),
     BadPeerBody = ("bad_peer_body", 400, "the peer request does not decode"),
     Overloaded = ("overloaded", 429, "too many requests are waiting for a secret check; retry shortly"),
+    TooManyFailedChecks = ("too_many_failed_checks", 429, "too many failed secret checks from this address; retry after the time given"),
+    RequestTimeout = ("request_timeout", 503, "the request was not answered in time; retry"),
     Internal = ("internal", 500, "internal error"),
 }
 
@@ -183,6 +185,12 @@ pub struct SecretChecksView {
     pub cache_hits: u64,
     pub cache_entries: usize,
     pub entries_learned_from_leader: u64,
+    /// Secrets refused without argon2: their digest differs from the one verified for their id.
+    #[serde(default)]
+    pub refused_by_digest: u64,
+    /// Checks refused 429 because their client's budget of failed checks was spent.
+    #[serde(default)]
+    pub refused_by_budget: u64,
 }
 
 /// The leader's pool of credentials minted ahead, in `GET /api/v1/cluster`.

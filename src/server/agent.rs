@@ -28,9 +28,12 @@ use modelforge_proto::wire::SmokeReport;
 use modelforge_proto::wire::Telemetry;
 
 use super::Shared;
+use super::budget;
+use super::extract::ClientAddr;
 use super::extract::JsonBody;
 use super::extract::bearer;
 use super::extract::parse_id;
+use crate::app::Cached;
 use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
@@ -85,6 +88,7 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
 /// atomically in apply (claim, node id, revocation of older credentials, audit) -> 201.
 pub async fn enroll(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     JsonBody(req): JsonBody<EnrollRequest>,
 ) -> Result<Response, ApiError> {
     if !modelforge_proto::valid_hostname(&req.hostname) {
@@ -123,7 +127,18 @@ pub async fn enroll(
             }
         }
     };
+    let keys = vec![
+        budget::Key::Client(client.0),
+        budget::Key::Token(token.id().to_string(), client.0),
+    ];
+    let reservation = ctx.budgets.reserve(keys).map_err(|wait_s| {
+        ctx.checks
+            .refused_by_budget
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ApiError::budget_spent(wait_s)
+    })?;
     if !ctx.hasher.verify(hash, token.expose().to_string()).await? {
+        // The reservation is kept: one failed check charged.
         tracing::info!(
             enrollment_id = token.id(),
             "enrolment refused: token secret does not match"
@@ -133,6 +148,7 @@ pub async fn enroll(
             "the enrolment token is not valid",
         ));
     }
+    reservation.refund();
     let (credential, credential_hash) = ctx.mint.mint(&ctx.hasher).await?;
     let cmd = Command::Enroll {
         token_id: TokenId::from(token.id()),
@@ -182,11 +198,12 @@ async fn authenticate(
     ctx: &Shared,
     node_id: &str,
     headers: &HeaderMap,
+    client: ClientAddr,
 ) -> Result<(NodeId, CredentialId), ApiError> {
     let node_id: NodeId = parse_id("node_id", node_id)?;
     // Credentials minted ahead yield the CPU while agents are being served.
     ctx.mint.note_foreground(now_ms());
-    let result = authenticate_inner(ctx, &node_id, headers).await;
+    let result = authenticate_inner(ctx, &node_id, headers, client).await;
     if let Err(e) = &result
         && matches!(e.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
     {
@@ -201,6 +218,7 @@ async fn authenticate_inner(
     ctx: &Shared,
     node_id: &NodeId,
     headers: &HeaderMap,
+    client: ClientAddr,
 ) -> Result<CredentialId, ApiError> {
     let presented = bearer(headers)?;
     let secret = Secret::parse(SecretKind::NodeCredential, presented).map_err(|e| {
@@ -237,21 +255,52 @@ async fn authenticate_inner(
     };
     let (hash, owner) = revoked_or_missing(ctx)?;
     let digest = secret.fast_digest();
-    if !ctx.app.is_verified(secret.id(), &digest) {
-        if !ctx.hasher.verify(hash, secret.expose().to_string()).await? {
-            return Err(ApiError::new(
-                ErrorCode::InvalidCredential,
-                "the credential matches no stored credential",
-            ));
-        }
-        // Re-check after the (slow) verify: a revocation may have applied meanwhile.
-        revoked_or_missing(ctx)?;
-        ctx.app.remember_verified(secret.id(), digest);
-        ctx.note_verified(secret.id(), digest);
+    let no_match = || {
+        ApiError::new(
+            ErrorCode::InvalidCredential,
+            "the credential matches no stored credential",
+        )
+    };
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    let mut cached = ctx.app.cached(secret.id(), &digest);
+    // A check that needs argon2 waits for any other check of the same id first: if that one
+    // passed, this one is a cache hit.
+    let _one_at_a_time = if cached == Cached::Unknown {
+        let guard = ctx.id_locks.lock(secret.id()).await;
+        cached = ctx.app.cached(secret.id(), &digest);
+        Some(guard)
     } else {
-        ctx.checks
-            .cache_hits
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        None
+    };
+    match cached {
+        Cached::Match => {
+            ctx.checks.cache_hits.fetch_add(1, relaxed);
+        }
+        // One id has one secret: another digest for a verified id is a wrong secret, refused
+        // without argon2 (the same answer as a failed verify).
+        Cached::Mismatch => {
+            ctx.checks.refused_by_digest.fetch_add(1, relaxed);
+            return Err(no_match());
+        }
+        Cached::Unknown => {
+            let keys = vec![
+                budget::Key::Client(client.0),
+                budget::Key::Credential(secret.id().to_string(), client.0),
+            ];
+            let reservation = ctx.budgets.reserve(keys).map_err(|wait_s| {
+                ctx.checks.refused_by_budget.fetch_add(1, relaxed);
+                ApiError::budget_spent(wait_s)
+            })?;
+            if !ctx.hasher.verify(hash, secret.expose().to_string()).await? {
+                // The reservation is kept: one failed check charged.
+                return Err(no_match());
+            }
+            reservation.refund();
+            // Re-check after the (slow) verify: a revocation may have applied meanwhile.
+            revoked_or_missing(ctx)?;
+            ctx.app.remember_verified(secret.id(), digest);
+            ctx.note_verified(secret.id(), digest);
+        }
     }
     if owner != *node_id {
         return Err(ApiError::new(
@@ -288,9 +337,10 @@ pub async fn heartbeat(
     State(ctx): State<Shared>,
     Path(node_id): Path<String>,
     headers: HeaderMap,
+    client: ClientAddr,
     JsonBody(telemetry): JsonBody<Telemetry>,
 ) -> Result<Response, ApiError> {
-    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers).await?;
+    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers, client).await?;
     record_use(&ctx, &credential_id).await?;
     let now = now_ms();
     // A heartbeat that names accelerators is a fresh hardware report.
@@ -354,9 +404,10 @@ pub async fn smoke_report(
     State(ctx): State<Shared>,
     Path((node_id, smoke_id)): Path<(String, String)>,
     headers: HeaderMap,
+    client: ClientAddr,
     JsonBody(report): JsonBody<SmokeReport>,
 ) -> Result<Response, ApiError> {
-    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers).await?;
+    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers, client).await?;
     let smoke_id: SmokeId = parse_id("smoke_id", &smoke_id)?;
     if report.checks.is_empty() || report.checks.len() > 1024 {
         return Err(ApiError::new(
@@ -403,9 +454,10 @@ pub async fn inventory(
     State(ctx): State<Shared>,
     Path(node_id): Path<String>,
     headers: HeaderMap,
+    client: ClientAddr,
     JsonBody(inv): JsonBody<Inventory>,
 ) -> Result<Response, ApiError> {
-    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers).await?;
+    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers, client).await?;
     check_inventory(&inv)?;
     record_use(&ctx, &credential_id).await?;
     ctx.live.sup.report(&node_id, now_ms());

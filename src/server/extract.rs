@@ -13,6 +13,42 @@ use modelforge_proto::api::ErrorCode;
 use modelforge_proto::ids::Id;
 use modelforge_proto::ids::NodeId;
 
+/// The header in which a member relaying a request names the client it came from.
+pub const CLIENT_HEADER: &str = "x-modelforge-client";
+
+/// The address a request came from: the connection's, or, on a connection that presented a
+/// member's certificate (a relay), the client the relaying member names. Without TLS a relay
+/// cannot be told from a client, so relayed requests count against the relaying member's
+/// address (see ARCHITECTURE "Budgets of failed secret checks").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientAddr(pub std::net::IpAddr);
+
+impl ClientAddr {
+    pub fn of(extensions: &axum::http::Extensions, headers: &HeaderMap) -> Self {
+        let conn = extensions.get::<axum::extract::ConnectInfo<crate::tls::ConnPeer>>();
+        let remote = conn
+            .map(|c| c.0.remote.ip())
+            .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+        let named = conn
+            .filter(|c| c.0.member.is_some())
+            .and_then(|_| headers.get(CLIENT_HEADER))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        ClientAddr(named.unwrap_or(remote))
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self::of(&parts.extensions, &parts.headers))
+    }
+}
+
 /// A JSON body. An empty body reads as `{}`. Errors never echo the input (it may hold a
 /// secret): a data error names the position, a missing field names the field.
 pub struct JsonBody<T>(pub T);

@@ -17,6 +17,8 @@ use axum::response::Response;
 use modelforge_raft::network::PEER_HEADER;
 
 use super::Shared;
+use super::extract::CLIENT_HEADER;
+use super::extract::ClientAddr;
 use crate::error::ApiError;
 use modelforge_proto::api::ErrorCode;
 use modelforge_raft::peer_auth::PeerSigner;
@@ -129,6 +131,7 @@ async fn relay(
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
         .map_err(|_| ApiError::new(ErrorCode::BadMethod, "unsupported method"))?;
     let relayed = Relayed {
+        client: ClientAddr::of(&parts.extensions, &parts.headers).0,
         resendable: safe_to_resend(&parts.method, parts.uri.path(), &parts.headers),
         method,
         path,
@@ -157,6 +160,8 @@ struct Relayed {
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
     hops: u32,
+    /// The address the request came from (the leader budgets failed secret checks by it).
+    client: std::net::IpAddr,
     /// See [`safe_to_resend`].
     resendable: bool,
 }
@@ -242,7 +247,8 @@ async fn send_to_leader(
                 PEER_HEADER,
                 signer.sign(req.method.as_str(), &req.path, &req.body, req.hops),
             )
-            .header(HOPS_HEADER, req.hops.to_string());
+            .header(HOPS_HEADER, req.hops.to_string())
+            .header(CLIENT_HEADER, req.client.to_string());
         let err = match out.send().await {
             // A later attempt's "cannot decide now" (503: not leader, no leader) says nothing
             // of an earlier attempt that may have reached a leader and applied (found by the
@@ -435,6 +441,7 @@ mod tests {
             headers,
             body: axum::body::Bytes::from(body.to_string()),
             hops: 1,
+            client: std::net::IpAddr::from([127, 0, 0, 1]),
         }
     }
 

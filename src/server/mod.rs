@@ -10,6 +10,8 @@
 mod admin;
 mod agent;
 mod backup;
+pub mod budget;
+pub mod edge;
 mod extract;
 mod forward;
 mod peer;
@@ -65,6 +67,9 @@ pub struct ServeConfig {
     pub tuning: RaftTuning,
     pub thresholds: StatusThresholds,
     pub max_body_bytes: usize,
+    /// Connection slots of the listener (see `edge`).
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
     pub default_token_ttl_s: u64,
     pub max_token_ttl_s: u64,
     /// How often coalesced `last_used_at` updates are written.
@@ -101,6 +106,10 @@ pub struct Ctx {
     /// Verified-cache entries not yet shared with the other members.
     pub to_share: std::sync::Mutex<Vec<(String, [u8; 32])>>,
     pub checks: SecretChecks,
+    /// Budgets of failed secret checks per client address (see `budget`).
+    pub budgets: budget::Budgets,
+    /// One argon2 check at a time per credential id (see `budget::IdLocks`).
+    pub id_locks: budget::IdLocks,
 }
 
 /// Counters of the credential check, shown in `GET /api/v1/cluster`.
@@ -108,6 +117,8 @@ pub struct Ctx {
 pub struct SecretChecks {
     pub cache_hits: std::sync::atomic::AtomicU64,
     pub shared_in: std::sync::atomic::AtomicU64,
+    pub refused_by_digest: std::sync::atomic::AtomicU64,
+    pub refused_by_budget: std::sync::atomic::AtomicU64,
 }
 
 pub type Shared = Arc<Ctx>;
@@ -221,7 +232,8 @@ pub async fn serve_on(
     let mut http = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_millis(500))
-        .pool_idle_timeout(Duration::from_secs(30))
+        // Below the peers' header-read timeout, which closes idle connections at 30 s.
+        .pool_idle_timeout(Duration::from_secs(20))
         .tcp_nodelay(true);
     // The member's certificate lives in one store, read by every new handshake in both
     // directions, so that a reload (SIGHUP, a changed file) needs no restart.
@@ -270,6 +282,8 @@ pub async fn serve_on(
         placement: Default::default(),
         to_share: Default::default(),
         checks: Default::default(),
+        budgets: Default::default(),
+        id_locks: Default::default(),
     });
     // Every background loop runs until the switch, in one set, so that shutdown is observable:
     // `serve_on` returns only once each of them has ended.
@@ -303,23 +317,20 @@ pub async fn serve_on(
         );
         until_stopped(Box::pin(reloader.run()));
     }
-    let switch = stop.clone();
-    let app_router =
-        router(ctx.clone()).into_make_service_with_connect_info::<crate::tls::ConnPeer>();
-    let served = match &store {
+    let app_router = router(ctx.clone());
+    let slots = edge::Slots::new(ctx.cfg.max_connections);
+    let header_read_timeout = ctx.cfg.header_read_timeout;
+    match &store {
         Some(store) => {
-            let listener =
-                crate::tls::TlsListener::new(listener, crate::tls::server_config_for(store)?);
-            axum::serve(listener, app_router)
-                .with_graceful_shutdown(async move { switch.triggered().await })
-                .await
+            let config = crate::tls::server_config_for(store)?;
+            let listener = crate::tls::TlsListener::with_slots(listener, config, slots);
+            edge::serve(listener, app_router, stop.clone(), header_read_timeout).await;
         }
         None => {
-            axum::serve(listener, app_router)
-                .with_graceful_shutdown(async move { switch.triggered().await })
-                .await
+            let listener = edge::PlainListener::new(listener, slots);
+            edge::serve(listener, app_router, stop.clone(), header_read_timeout).await;
         }
-    };
+    }
     // However the server ended, everything else stops with it.
     stop.trigger();
     tracing::info!("stopping");
@@ -327,7 +338,6 @@ pub async fn serve_on(
     while tasks.join_next().await.is_some() {}
     ctx.live.sup.stop();
     consensus.shutdown().await;
-    served?;
     tracing::info!(background_tasks, "stopped");
     Ok(Stopped { background_tasks })
 }

@@ -118,6 +118,7 @@ pub fn router(ctx: Shared) -> Router {
                 "this endpoint does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn(super::edge::request_deadline))
         .with_state(ctx)
 }
 
@@ -194,6 +195,8 @@ pub(super) async fn cluster(
             cache_hits: ctx.checks.cache_hits.load(relaxed),
             cache_entries: ctx.app.verified_entries(),
             entries_learned_from_leader: ctx.checks.shared_in.load(relaxed),
+            refused_by_digest: ctx.checks.refused_by_digest.load(relaxed),
+            refused_by_budget: ctx.checks.refused_by_budget.load(relaxed),
         },
         credential_pool: api::CredentialPoolView {
             ready: ctx.mint.ready(),

@@ -1,0 +1,281 @@
+//! The HTTP edge of every listener: connection slots, the header-read and request timeouts,
+//! and graceful shutdown. See ARCHITECTURE "The HTTP edge: what a connection may cost".
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Context;
+use std::task::Poll;
+use std::time::Duration;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use hyper_util::rt::TokioIo;
+use hyper_util::rt::TokioTimer;
+use modelforge_proto::api::ErrorCode;
+use tokio::io::AsyncRead;
+use tokio::io::AsyncWrite;
+use tokio::io::ReadBuf;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::Semaphore;
+
+use super::Shutdown;
+use crate::error::ApiError;
+use crate::tls::ConnPeer;
+
+/// A request that has not been answered by then gets 503 `request_timeout`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long open connections may finish their request in flight at shutdown.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The connection slots of one listener.
+pub struct Slots {
+    sem: Arc<Semaphore>,
+    max: usize,
+    last_warned: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Slots {
+    pub fn new(max: usize) -> Arc<Self> {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        Arc::new(Slots {
+            sem: Arc::new(Semaphore::new(max)),
+            max,
+            last_warned: Default::default(),
+        })
+    }
+
+    /// No limit (tools and benchmarks that serve our stack).
+    pub fn unlimited() -> Arc<Self> {
+        Self::new(Semaphore::MAX_PERMITS)
+    }
+
+    /// A slot for a new connection, or None (and a warning at most once a second) when all
+    /// are taken: the caller closes the connection.
+    pub fn take(&self) -> Option<OwnedSemaphorePermit> {
+        match self.sem.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let mut last = self.last_warned.lock().unwrap_or_else(|p| p.into_inner());
+                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    *last = Some(Instant::now());
+                    tracing::warn!(
+                        max_connections = self.max,
+                        "connection limit reached: closing new connections (--max-connections)"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Connections open now.
+    pub fn in_use(&self) -> usize {
+        self.max - self.sem.available_permits()
+    }
+}
+
+/// A connection's IO holding its slot: the slot is free again when the connection is dropped.
+pub struct Held<T> {
+    io: T,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl<T> Held<T> {
+    pub fn new(io: T, slot: OwnedSemaphorePermit) -> Self {
+        Held { io, _slot: slot }
+    }
+
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Held<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Held<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Accept the next TCP connection that gets a slot (others are closed at once). An accept
+/// error (out of descriptors and the like) backs off instead of spinning.
+pub async fn accept_held(
+    listener: &tokio::net::TcpListener,
+    slots: &Slots,
+) -> (Held<TcpStream>, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, addr)) => {
+                let _ = tcp.set_nodelay(true);
+                if let Some(slot) = slots.take() {
+                    return (Held::new(tcp, slot), addr);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// A plain-TCP listener (`--insecure-http`) with connection slots.
+pub struct PlainListener {
+    listener: tokio::net::TcpListener,
+    slots: Arc<Slots>,
+}
+
+impl PlainListener {
+    pub fn new(listener: tokio::net::TcpListener, slots: Arc<Slots>) -> Self {
+        PlainListener { listener, slots }
+    }
+}
+
+impl axum::serve::Listener for PlainListener {
+    type Io = Held<TcpStream>;
+    type Addr = ConnPeer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, remote) = accept_held(&self.listener, &self.slots).await;
+        (
+            io,
+            ConnPeer {
+                remote,
+                member: None,
+            },
+        )
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(ConnPeer {
+            remote: self.listener.local_addr()?,
+            member: None,
+        })
+    }
+}
+
+/// Serve `app` on `listener` until `stop`: HTTP/1.1 with hyper's timer, so that a connection
+/// that has not sent a complete request head within `header_read_timeout` is closed. Every
+/// request carries its connection's [`ConnPeer`] (axum `ConnectInfo`).
+pub async fn serve<L>(mut listener: L, app: Router, stop: Shutdown, header_read_timeout: Duration)
+where
+    L: axum::serve::Listener<Addr = ConnPeer>,
+{
+    let (close_tx, close_rx) = tokio::sync::watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (io, peer) = tokio::select! {
+            c = listener.accept() => c,
+            _ = stop.triggered() => break,
+        };
+        while conns.try_join_next().is_some() {}
+        let app = app.clone();
+        let mut close = close_rx.clone();
+        conns.spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let mut req = req.map(axum::body::Body::new);
+                    req.extensions_mut().insert(ConnectInfo(peer.clone()));
+                    let app = app.clone();
+                    async move {
+                        let resp = tower::ServiceExt::oneshot(app, req)
+                            .await
+                            .unwrap_or_else(|e: Infallible| match e {});
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(TokioIo::new(io), svc);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = async { close.wait_for(|c| *c).await.map(|_| ()) } => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    // Stop accepting (the port closes), let requests in flight finish, then drop the rest.
+    drop(listener);
+    let _ = close_tx.send(true);
+    let drained =
+        tokio::time::timeout(DRAIN, async { while conns.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::info!(
+            open = conns.len(),
+            "connections still open after the drain: closing them"
+        );
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+    }
+}
+
+/// The request deadline: a request not answered within [`REQUEST_TIMEOUT`] (its body read
+/// included) gets 503, and its connection is closed: `request_timeout` for a read, and
+/// `outcome_unknown` for anything else (it may have been proposed before its handler was cut
+/// off; a retry with the same Idempotency-Key is safe).
+pub async fn request_deadline(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let read = req.method() == axum::http::Method::GET;
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let err = if read {
+                ApiError::of(ErrorCode::RequestTimeout)
+            } else {
+                ApiError::outcome_unknown(
+                    "the request was not answered in time; it may or may not have applied (retry with the same Idempotency-Key)",
+                )
+            };
+            let mut resp = err.into_response();
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            resp
+        }
+    }
+}

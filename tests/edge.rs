@@ -1,0 +1,125 @@
+//! The HTTP edge over real processes: a connection that never finishes its request head is
+//! closed (slowloris), and connections beyond `--max-connections` are closed at once while the
+//! member keeps serving the ones it took.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use common::*;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
+
+/// The `host:port` of a member's URL.
+fn addr(url: &str) -> String {
+    url.trim_start_matches("https://").to_string()
+}
+
+/// A TLS connection to `url` verified against the harness CA, nothing sent yet.
+async fn tls_connect(url: &str) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let cfg = modelforge_client::tls::client_config(&harness_ca().pem, None).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr(url)).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(
+            rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap()
+}
+
+/// Read until the server closes (Ok(0) or an error); how long that took, or None if it stayed
+/// open for `within`.
+async fn closed_within(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    within: Duration,
+) -> Option<Duration> {
+    let t = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(within.saturating_sub(t.elapsed()), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(t.elapsed()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_finishes_its_request_head_is_closed() {
+    let c = Cluster::start_with(1, &["--header-read-timeout", "2s"]).await;
+    let url = c.url(1);
+    // A slowloris: half a request head, then nothing.
+    let mut slow = tls_connect(&url).await;
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ")
+        .await
+        .unwrap();
+    slow.flush().await.unwrap();
+    // Meanwhile complete requests are answered.
+    let (s, _) = call("GET", &format!("{url}/healthz"), None, None).await;
+    assert_eq!(s, 200);
+    let took = closed_within(&mut slow, Duration::from_secs(20))
+        .await
+        .expect("the slow connection was never closed");
+    assert!(took >= Duration::from_millis(1500), "closed after {took:?}");
+    // A connection that sends nothing at all after its handshake is closed the same way.
+    let mut idle = tls_connect(&url).await;
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(20))
+            .await
+            .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_header_read_timeout_is_30_seconds() {
+    let out = std::process::Command::new(server_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let line = help
+        .split("--header-read-timeout")
+        .nth(1)
+        .expect("the flag is documented");
+    assert!(
+        line.split("--").next().unwrap().contains("[default: 30s]"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_closed_at_once_and_the_member_keeps_serving() {
+    let c = Cluster::start_with(1, &["--max-connections", "4"]).await;
+    let url = c.url(1);
+    // Four connections take every slot (raw TCP: a slot is taken before any TLS handshake).
+    let mut held = vec![];
+    for _ in 0..4 {
+        held.push(tokio::net::TcpStream::connect(addr(&url)).await.unwrap());
+    }
+    // The fifth is closed at once, before a handshake: the client gets no answer.
+    let mut fifth = tokio::net::TcpStream::connect(addr(&url)).await.unwrap();
+    let took = closed_within(&mut fifth, Duration::from_secs(5))
+        .await
+        .expect("a connection beyond the limit was kept");
+    assert!(took < Duration::from_secs(5));
+    let (s, _) = call("GET", &format!("{url}/healthz"), None, None).await;
+    assert_eq!(s, 0, "a request beyond the limit was answered");
+    // Slots come back when connections close: the member serves again.
+    held.clear();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, _) = call("GET", &format!("{url}/healthz"), None, None).await;
+        if s == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the member did not serve again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        c.log(1).contains("connection limit reached"),
+        "the limit was not logged"
+    );
+}

@@ -1,0 +1,238 @@
+//! Attacks on the edges over real processes, each performed: argon2 turned against the
+//! member by a flood of wrong secrets naming a real credential.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use common::*;
+use modelforge_proto::api::ClusterView;
+
+/// `credential` with its secret replaced by random hex (a well-formed credential naming the
+/// same id: the checksum is right, the secret wrong).
+fn wrong_secret(credential: &str) -> String {
+    let id = credential.split('_').nth(1).unwrap();
+    let secret = modelforge_proto::hex(&modelforge_proto::random_bytes::<32>());
+    let body = format!("mfnc_{id}_{secret}");
+    format!("{body}_{:08x}", crc32fast::hash(body.as_bytes()))
+}
+
+/// A client whose connections leave from `local` (another address on the loopback network:
+/// the attacker's).
+fn client_from(local: [u8; 4]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .local_address(std::net::IpAddr::from(local))
+        .timeout(Duration::from_secs(15))
+        .tls_backend_preconfigured(
+            modelforge_client::tls::client_config(&harness_ca().pem, None).unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+async fn view(c: &Cluster) -> ClusterView {
+    c.cluster_view(1).await.expect("the member answers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_wrong_secrets_costs_at_most_the_budget_and_starves_nobody() {
+    let mut c = Cluster::start(1).await;
+    let (mut agent, node_id, credential) = c.enrol_one("victim").await;
+    // A cold cache (a restarted member, the agent stopped): every check of this credential
+    // id needs argon2 until one passes; that is when a flood would cost the most.
+    agent.stop();
+    c.kill9(1);
+    c.start_member(1);
+    c.wait_ready().await;
+    let before = view(&c).await.secret_checks;
+
+    // Good heartbeats with the victim's own credential, from its own address, all along.
+    let url = c.url(1);
+    let hb = format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let good = {
+        let (hb, credential, done) = (hb.clone(), credential.clone(), done.clone());
+        tokio::spawn(async move {
+            let http = http();
+            let mut answers = vec![];
+            while answers.is_empty() || !done.load(Ordering::Relaxed) {
+                let r = http
+                    .post(&hb)
+                    .bearer_auth(&credential)
+                    .json(&serde_json::json!({}))
+                    .send()
+                    .await
+                    .unwrap();
+                answers.push(r.status().as_u16());
+            }
+            answers
+        })
+    };
+    let token = c.new_token(600).await;
+
+    // 2,000 wrong secrets naming the real credential id, from 64 concurrent clients at the
+    // attacker's address.
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (hb, credential, sent) = (hb.clone(), credential.clone(), sent.clone());
+        flood.spawn(async move {
+            let http = client_from([127, 0, 0, 2]);
+            let mut answers = vec![];
+            while sent.fetch_add(1, Ordering::Relaxed) < 2000 {
+                let r = http
+                    .post(&hb)
+                    .bearer_auth(wrong_secret(&credential))
+                    .json(&serde_json::json!({}))
+                    .send()
+                    .await
+                    .unwrap();
+                let retry_after = r.headers().get("retry-after").is_some();
+                let status = r.status().as_u16();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                answers.push((status, retry_after, body));
+            }
+            answers
+        });
+    }
+
+    // Meanwhile a new agent enrols.
+    let mut newcomer = Agent::new(c.root(), "newcomer", c.urls());
+    let t = Instant::now();
+    newcomer.start(Some(&token));
+    newcomer.wait_enrolled(None).await;
+    let enrol_took = t.elapsed();
+    let mut answers = vec![];
+    while let Some(r) = flood.join_next().await {
+        answers.extend(r.unwrap());
+    }
+    done.store(true, Ordering::Relaxed);
+    let good_answers = good.await.unwrap();
+    let after = view(&c).await.secret_checks;
+
+    assert!(
+        enrol_took < Duration::from_secs(2),
+        "the enrolment took {enrol_took:?} under the flood"
+    );
+    assert!(!good_answers.is_empty());
+    assert!(
+        good_answers.iter().all(|s| *s == 200),
+        "good heartbeats answered {good_answers:?}"
+    );
+    // Every flood request was refused: 401 while the budget lasted, then 429 with
+    // Retry-After, never a 5xx.
+    assert_eq!(answers.len(), 2000);
+    for (status, retry_after, body) in &answers {
+        let code = body["error"]["code"].as_str().unwrap_or("");
+        match status {
+            401 => assert_eq!(code, "invalid_credential"),
+            429 => {
+                assert_eq!(code, "too_many_failed_checks");
+                assert!(retry_after, "a 429 without Retry-After");
+            }
+            other => panic!("the flood got {other}: {body}"),
+        }
+    }
+    // The argon2 work the flood caused: the per-credential budget (5) at most. The other
+    // verifies: the victim's first good heartbeat, the newcomer's token and its first
+    // heartbeat.
+    let verifies = after.argon2_verifies - before.argon2_verifies;
+    assert!(verifies <= 5 + 3, "{verifies} argon2 verifies");
+    // Each refusal was the budget's (429) or needed no argon2 at all (the digest differs from
+    // the one the victim's good heartbeat put in the cache).
+    let budget = answers.iter().filter(|a| a.0 == 429).count() as u64;
+    assert_eq!(after.refused_by_budget - before.refused_by_budget, budget);
+    assert!(
+        (after.refused_by_budget - before.refused_by_budget)
+            + (after.refused_by_digest - before.refused_by_digest)
+            >= 2000 - 5,
+        "{before:?} -> {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_checks_beyond_the_budget_get_429_and_never_the_right_secret() {
+    let mut c = Cluster::start(1).await;
+    let (mut agent, node_id, credential) = c.enrol_one("victim").await;
+    // A cold cache: the member restarted, the agent stopped.
+    agent.stop();
+    c.kill9(1);
+    c.start_member(1);
+    c.wait_ready().await;
+    let hb = format!("{}/api/v1/agent/nodes/{node_id}/heartbeat", c.url(1));
+    let attacker = client_from([127, 0, 0, 2]);
+    let send = |client: &reqwest::Client, secret: String| {
+        let r = client
+            .post(&hb)
+            .bearer_auth(secret)
+            .json(&serde_json::json!({}))
+            .send();
+        async move {
+            let r = r.await.unwrap();
+            let retry_after: Option<u64> = r
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap_or_default();
+            (
+                status,
+                body["error"]["code"].as_str().unwrap_or("").to_string(),
+                retry_after,
+            )
+        }
+    };
+    let before = view(&c).await.secret_checks;
+    // Five wrong secrets for the id from one address are verified (and fail); the sixth is
+    // refused without argon2, asked to wait about a minute.
+    for _ in 0..5 {
+        let (s, code, _) = send(&attacker, wrong_secret(&credential)).await;
+        assert_eq!((s, code.as_str()), (401, "invalid_credential"));
+    }
+    let (s, code, retry_after) = send(&attacker, wrong_secret(&credential)).await;
+    assert_eq!((s, code.as_str()), (429, "too_many_failed_checks"));
+    let retry_after = retry_after.expect("Retry-After");
+    assert!((30..=60).contains(&retry_after), "{retry_after}");
+    let mid = view(&c).await.secret_checks;
+    assert_eq!(mid.argon2_verifies - before.argon2_verifies, 5);
+    assert_eq!(mid.refused_by_budget - before.refused_by_budget, 1);
+    // The right secret from the victim's own address: 200 (one verify); and from the
+    // attacker's spent address too, now that it is in the cache.
+    let (s, _, _) = send(&http(), credential.clone()).await;
+    assert_eq!(s, 200);
+    let (s, _, _) = send(&attacker, credential.clone()).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        view(&c).await.secret_checks.argon2_verifies - before.argon2_verifies,
+        6
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_secret_for_a_verified_credential_id_is_refused_without_argon2() {
+    let mut c = Cluster::start(1).await;
+    let (_agent, node_id, credential) = c.enrol_one("a").await;
+    // The agent's heartbeats have put its credential in the verified cache.
+    let hb = format!("{}/api/v1/agent/nodes/{node_id}/heartbeat", c.url(1));
+    let (s, _) = call("POST", &hb, Some(&credential), Some(serde_json::json!({}))).await;
+    assert_eq!(s, 200);
+    let before = view(&c).await.secret_checks;
+    for _ in 0..50 {
+        let (s, v) = call(
+            "POST",
+            &hb,
+            Some(&wrong_secret(&credential)),
+            Some(serde_json::json!({})),
+        )
+        .await;
+        assert_eq!(refused(s, &v), (401, "invalid_credential"), "{v}");
+    }
+    let after = view(&c).await.secret_checks;
+    assert_eq!(after.argon2_verifies, before.argon2_verifies, "argon2 ran");
+    assert_eq!(after.refused_by_digest - before.refused_by_digest, 50);
+}

@@ -39,16 +39,22 @@ async fn view(c: &Cluster) -> ClusterView {
     c.cluster_view(1).await.expect("the member answers")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_of_wrong_secrets_costs_at_most_the_budget_and_starves_nobody() {
+/// A single member with one enrolled node whose credential is not in the verified cache (the
+/// member restarted, the agent stopped): every check of that id needs argon2 until one
+/// passes, which is when a flood would cost the most. The cluster, node id and credential.
+async fn cold_victim() -> (Cluster, String, String) {
     let mut c = Cluster::start(1).await;
     let (mut agent, node_id, credential) = c.enrol_one("victim").await;
-    // A cold cache (a restarted member, the agent stopped): every check of this credential
-    // id needs argon2 until one passes; that is when a flood would cost the most.
     agent.stop();
     c.kill9(1);
     c.start_member(1);
     c.wait_ready().await;
+    (c, node_id, credential)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_wrong_secrets_costs_at_most_the_budget_and_starves_nobody() {
+    let (mut c, node_id, credential) = cold_victim().await;
     let before = view(&c).await.secret_checks;
 
     // Good heartbeats with the victim's own credential, from its own address, all along.
@@ -157,13 +163,7 @@ async fn a_flood_of_wrong_secrets_costs_at_most_the_budget_and_starves_nobody() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_checks_beyond_the_budget_get_429_and_never_the_right_secret() {
-    let mut c = Cluster::start(1).await;
-    let (mut agent, node_id, credential) = c.enrol_one("victim").await;
-    // A cold cache: the member restarted, the agent stopped.
-    agent.stop();
-    c.kill9(1);
-    c.start_member(1);
-    c.wait_ready().await;
+    let (c, node_id, credential) = cold_victim().await;
     let hb = format!("{}/api/v1/agent/nodes/{node_id}/heartbeat", c.url(1));
     let attacker = client_from([127, 0, 0, 2]);
     let send = |client: &reqwest::Client, secret: String| {

@@ -258,8 +258,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
     /// Open connections this member accepts at most; beyond it new ones are closed at once.
-    #[arg(long, env = "MODELFORGE_MAX_CONNECTIONS", default_value_t = 4096)]
-    pub max_connections: usize,
+    /// Default: the process's open-file limit less 1,024 kept for data files and peers (every
+    /// agent keeps a connection open, so size the limit, and `ulimit -n`, to the fleet).
+    #[arg(long, env = "MODELFORGE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// A connection that has not sent a complete request head within this is closed (idle
     /// keep-alive connections included).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -404,7 +406,9 @@ impl ServeArgs {
                 offline_after_ms: self.offline_after.as_millis() as i64,
             },
             max_body_bytes: self.max_body_bytes,
-            max_connections: self.max_connections,
+            max_connections: self
+                .max_connections
+                .unwrap_or_else(crate::server::edge::default_max_connections),
             header_read_timeout: self.header_read_timeout,
             default_token_ttl_s: self.default_token_ttl,
             max_token_ttl_s: self.max_token_ttl,

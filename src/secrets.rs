@@ -12,6 +12,7 @@
 //! instead of queueing without bound.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 
@@ -79,6 +80,14 @@ impl Hasher {
         &self,
         f: impl FnOnce(Argon2<'static>) -> T + Send + 'static,
     ) -> Result<T, ApiError> {
+        self.run_marking(f, None).await
+    }
+
+    async fn run_marking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Argon2<'static>) -> T + Send + 'static,
+        started: Option<&AtomicBool>,
+    ) -> Result<T, ApiError> {
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::overloaded());
@@ -89,6 +98,11 @@ impl Hasher {
         let permit = self.permits.clone().acquire_owned().await;
         drop(waiting);
         let permit = permit.map_err(|_| ApiError::internal("secret pool closed"))?;
+        // Only verifies pass `started`: counted once a worker runs them (not when refused).
+        if let Some(s) = started {
+            s.store(true, Ordering::SeqCst);
+            self.verifies.fetch_add(1, Ordering::Relaxed);
+        }
         let argon = self.argon();
         let out = tokio::task::spawn_blocking(move || {
             let out = f(argon);
@@ -109,9 +123,23 @@ impl Hasher {
 
     /// Whether `secret` matches the stored PHC string. A malformed PHC string never matches.
     pub async fn verify(&self, phc: String, secret: String) -> Result<bool, ApiError> {
-        self.verifies.fetch_add(1, Ordering::Relaxed);
-        self.run(move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok())
+        self.verify_marking(phc, secret, &AtomicBool::new(false))
             .await
+    }
+
+    /// [`Self::verify`], setting `started` once a worker has begun the computation (what a
+    /// failed-check budget charges; see `server::budget`).
+    pub async fn verify_marking(
+        &self,
+        phc: String,
+        secret: String,
+        started: &AtomicBool,
+    ) -> Result<bool, ApiError> {
+        self.run_marking(
+            move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok(),
+            Some(started),
+        )
+        .await
     }
 
     /// Whether a worker is free and nothing waits for one: spare capacity for work done ahead.

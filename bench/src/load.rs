@@ -45,7 +45,11 @@ pub fn client() -> reqwest::Client {
     modelforge_devkit::install_tls_provider();
     let b = reqwest::Client::builder()
         .no_proxy()
-        .pool_max_idle_per_host(1024)
+        // As many idle connections as simulated agents: a real agent keeps its own, and over
+        // TLS a connection opened per request would measure handshakes, not heartbeats.
+        .pool_max_idle_per_host(16_384)
+        // Below the members' header-read timeout, which closes idle connections at 30 s.
+        .pool_idle_timeout(Duration::from_secs(20))
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30));
@@ -249,20 +253,27 @@ pub async fn enrol(
                     "inventory": inventory(i)});
                 // Like the agent: on no answer or 5xx try the next member; a retry of the same
                 // claim by the same identity is safe.
+                let mut last = String::from("nothing");
                 for attempt in 0..12 {
                     let u = &urls[(i + attempt) % urls.len()];
-                    let Ok(r) = h
+                    let r = match h
                         .post(format!("{u}/api/v1/agent/enroll"))
                         .json(&body)
                         .send()
                         .await
-                    else {
-                        continue;
+                    {
+                        Ok(r) => r,
+                        Err(e) => {
+                            last = format!("no answer ({e})");
+                            continue;
+                        }
                     };
                     let status = r.status().as_u16();
                     let Ok(v) = r.json::<Value>().await else {
+                        last = format!("{status} without a JSON body");
                         continue;
                     };
+                    last = format!("{status} {}", refusal_code(&v));
                     if status == 201 {
                         let tel = serde_json::to_vec(&telemetry(i)).expect("telemetry");
                         let e = typed!(wire::EnrollResponse, "an enrolment", &v);
@@ -279,7 +290,7 @@ pub async fn enrol(
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                eprintln!("enrolment {i} not answered after 12 attempts");
+                eprintln!("enrolment {i} not answered after 12 attempts (last: {last})");
                 None
             }
         })

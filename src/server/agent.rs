@@ -76,6 +76,31 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
     if long(&inv.driver_version) || long(&inv.cuda_version) || long(&inv.nvml) {
         return bad("inventory fields must be under 512 bytes");
     }
+    // Control characters (terminal escapes, newlines) would reach operators' terminals and
+    // logs through the CLI and the audit trail: refused, never stored.
+    let strings = inv
+        .accelerators
+        .iter()
+        .flat_map(|a| {
+            [
+                Some(&a.uuid),
+                Some(&a.name),
+                a.pci_bus_id.as_ref(),
+                a.mig_mode.as_ref(),
+            ]
+        })
+        .chain(inv.storage_roots.iter().map(|r| Some(&r.path)))
+        .chain([
+            inv.driver_version.as_ref(),
+            inv.cuda_version.as_ref(),
+            inv.nvml.as_ref(),
+        ])
+        .flatten();
+    for s in strings {
+        if s.chars().any(char::is_control) {
+            return bad("inventory strings must not contain control characters");
+        }
+    }
     Ok(())
 }
 
@@ -137,8 +162,12 @@ pub async fn enroll(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ApiError::budget_spent(wait_s)
     })?;
-    if !ctx.hasher.verify(hash, token.expose().to_string()).await? {
-        // The reservation is kept: one failed check charged.
+    if !ctx
+        .hasher
+        .verify_marking(hash, token.expose().to_string(), &reservation.started)
+        .await?
+    {
+        // Dropping the reservation of a verify that ran charges one failed check.
         tracing::info!(
             enrollment_id = token.id(),
             "enrolment refused: token secret does not match"
@@ -148,7 +177,7 @@ pub async fn enroll(
             "the enrolment token is not valid",
         ));
     }
-    reservation.refund();
+    reservation.passed();
     let (credential, credential_hash) = ctx.mint.mint(&ctx.hasher).await?;
     let cmd = Command::Enroll {
         token_id: TokenId::from(token.id()),
@@ -291,11 +320,15 @@ async fn authenticate_inner(
                 ctx.checks.refused_by_budget.fetch_add(1, relaxed);
                 ApiError::budget_spent(wait_s)
             })?;
-            if !ctx.hasher.verify(hash, secret.expose().to_string()).await? {
-                // The reservation is kept: one failed check charged.
+            if !ctx
+                .hasher
+                .verify_marking(hash, secret.expose().to_string(), &reservation.started)
+                .await?
+            {
+                // Dropping the reservation of a verify that ran charges one failed check.
                 return Err(no_match());
             }
-            reservation.refund();
+            reservation.passed();
             // Re-check after the (slow) verify: a revocation may have applied meanwhile.
             revoked_or_missing(ctx)?;
             ctx.app.remember_verified(secret.id(), digest);

@@ -42,6 +42,11 @@ pub const PER_SECRET: Rule = Rule {
 const MAX_BUCKETS: usize = 200_000;
 
 impl Key {
+    /// Whether a check takes its unit before it runs (see [`Reservation`]).
+    fn reserved_up_front(&self) -> bool {
+        !matches!(self, Key::Client(_))
+    }
+
     fn rule(&self) -> Rule {
         match self {
             Key::Client(_) => CLIENT,
@@ -70,24 +75,47 @@ pub struct Budgets {
     buckets: Mutex<HashMap<Key, Bucket>>,
 }
 
-/// One check's reservation: charged unless [`Reservation::refund`] is called (the check
-/// passed).
+/// One check's claim on its budgets. Per-secret buckets are reserved up front (their checks
+/// run one at a time per id, so the reservation is exact); the client address's bucket is only
+/// looked at up front and charged when the check fails, so that many right secrets checked at
+/// once from one address (a rack behind one NAT powering on) never spend it. Dropped without
+/// [`Reservation::passed`], the check counts as failed if its argon2 verification started
+/// ([`Reservation::started`]; a client that hangs up mid-verify is charged too, so a flood
+/// cannot dodge the budget by disconnecting), and as nothing if it never started (the pool
+/// was full, or the client went away while queued).
 pub struct Reservation<'a> {
     budgets: &'a Budgets,
     keys: Vec<Key>,
+    passed: bool,
+    /// Set by the argon2 pool when the verification starts.
+    pub started: std::sync::atomic::AtomicBool,
 }
 
 impl Reservation<'_> {
     /// The check passed: nothing is charged.
-    pub fn refund(self) {
+    pub fn passed(mut self) {
+        self.passed = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
         let now = Instant::now();
         let mut b = self.budgets.lock();
         for k in &self.keys {
-            if let Some(bucket) = b.get_mut(k) {
-                let rule = k.rule();
-                *bucket = bucket.refilled(rule, now);
-                bucket.tokens = (bucket.tokens + 1.0).min(rule.burst);
-            }
+            let rule = k.rule();
+            let failed = !self.passed && self.started.load(std::sync::atomic::Ordering::SeqCst);
+            let change = match (k.reserved_up_front(), failed) {
+                (true, false) => 1.0,
+                (false, true) => -1.0,
+                _ => continue,
+            };
+            let bucket = b.entry(k.clone()).or_insert(Bucket {
+                tokens: rule.burst,
+                at: now,
+            });
+            *bucket = bucket.refilled(rule, now);
+            bucket.tokens = (bucket.tokens + change).min(rule.burst);
         }
     }
 }
@@ -97,9 +125,8 @@ impl Budgets {
         self.buckets.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Take one check from every key's budget before an argon2 verification (so that
-    /// concurrent checks cannot overdraw it); `Err(seconds)` until the first spent one has a
-    /// check again.
+    /// Claim one check from every key's budget before an argon2 verification (see
+    /// [`Reservation`]); `Err(seconds)` until the first spent one has a check again.
     pub fn reserve(&self, keys: Vec<Key>) -> Result<Reservation<'_>, u64> {
         let now = Instant::now();
         let mut b = self.lock();
@@ -121,7 +148,7 @@ impl Budgets {
         if wait_s > 0.0 {
             return Err(wait_s.ceil().max(1.0) as u64);
         }
-        for k in &keys {
+        for k in keys.iter().filter(|k| k.reserved_up_front()) {
             let rule = k.rule();
             let bucket = b.entry(k.clone()).or_insert(Bucket {
                 tokens: rule.burst,
@@ -133,6 +160,8 @@ impl Budgets {
         Ok(Reservation {
             budgets: self,
             keys,
+            passed: false,
+            started: Default::default(),
         })
     }
 }
@@ -207,17 +236,17 @@ mod tests {
         let keys = |addr| vec![Key::Client(addr), Key::Credential("c1".into(), addr)];
         // Passing checks are refunded: any number of them.
         for _ in 0..100 {
-            b.reserve(keys(ip(1))).unwrap().refund();
+            b.reserve(keys(ip(1))).unwrap().passed();
         }
         // Five failures of c1 from one address, then a wait of about a minute.
         for _ in 0..5 {
-            drop(b.reserve(keys(ip(1))).unwrap());
+            failed(b.reserve(keys(ip(1))).unwrap());
         }
         let wait = b.reserve(keys(ip(1))).err().expect("the sixth is refused");
         assert!((50..=60).contains(&wait), "{wait}");
         // Another address is not affected, nor another credential from the first address.
-        drop(b.reserve(keys(ip(2))).unwrap());
-        drop(
+        failed(b.reserve(keys(ip(2))).unwrap());
+        failed(
             b.reserve(vec![
                 Key::Client(ip(1)),
                 Key::Credential("c2".into(), ip(1)),
@@ -229,11 +258,30 @@ mod tests {
         for i in 0..100 {
             let k = vec![Key::Client(ip(3)), Key::Token(format!("t{i}"), ip(3))];
             match b.reserve(k) {
-                Ok(r) => drop(r),
+                Ok(r) => failed(r),
                 Err(_) => refused += 1,
             }
         }
         assert_eq!(refused, 100 - CLIENT.burst as usize);
+        // Many right secrets in flight at once from one address (distinct ids, as a rack
+        // enrolling behind one NAT) are not refused for the address's budget.
+        let in_flight: Vec<_> = (0..200)
+            .map(|i| {
+                b.reserve(vec![Key::Client(ip(4)), Key::Token(format!("t{i}"), ip(4))])
+                    .unwrap()
+            })
+            .collect();
+        in_flight.into_iter().for_each(Reservation::passed);
+        // Checks that never ran (a full pool, a client gone while queued) cost nothing.
+        for _ in 0..50 {
+            drop(b.reserve(keys(ip(5))).unwrap());
+        }
+        failed(b.reserve(keys(ip(5))).unwrap());
+    }
+
+    /// A check whose verification ran and failed.
+    fn failed(r: Reservation<'_>) {
+        r.started.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     #[tokio::test]

@@ -32,6 +32,34 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long open connections may finish their request in flight at shutdown.
 const DRAIN: Duration = Duration::from_secs(10);
 
+/// The default connection limit: the open-file limit (raised to its hard limit first) less
+/// 1,024 descriptors kept for the data files, peer connections and the agent-facing
+/// clients, and at least 256. Accepting beyond the descriptors the process has would stall
+/// every accept on EMFILE; refusing at accept keeps the member serving the connections it has.
+pub fn default_max_connections() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
+    let soft = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 4096;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+        lim.rlim_cur
+    };
+    (soft.min(1 << 20) as usize).saturating_sub(1024).max(256)
+}
+
 /// The connection slots of one listener.
 pub struct Slots {
     sem: Arc<Semaphore>,

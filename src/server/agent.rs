@@ -104,6 +104,20 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Claim the failed-check budgets of `keys` before an argon2 verification: 429
+/// `too_many_failed_checks` with `Retry-After` when one is spent (see `budget`).
+fn reserve_check(
+    ctx: &super::Ctx,
+    keys: Vec<budget::Key>,
+) -> Result<budget::Reservation<'_>, ApiError> {
+    ctx.budgets.reserve(keys).map_err(|wait_s| {
+        ctx.checks
+            .refused_by_budget
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ApiError::budget_spent(wait_s)
+    })
+}
+
 /// `POST /api/v1/agent/enroll`.
 ///
 /// Life of an enrolment: validate the body (hostname, inventory, token format) -> verify the
@@ -156,12 +170,7 @@ pub async fn enroll(
         budget::Key::Client(client.0),
         budget::Key::Token(token.id().to_string(), client.0),
     ];
-    let reservation = ctx.budgets.reserve(keys).map_err(|wait_s| {
-        ctx.checks
-            .refused_by_budget
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        ApiError::budget_spent(wait_s)
-    })?;
+    let reservation = reserve_check(&ctx, keys)?;
     if !ctx
         .hasher
         .verify_marking(hash, token.expose().to_string(), &reservation.started)
@@ -316,10 +325,7 @@ async fn authenticate_inner(
                 budget::Key::Client(client.0),
                 budget::Key::Credential(secret.id().to_string(), client.0),
             ];
-            let reservation = ctx.budgets.reserve(keys).map_err(|wait_s| {
-                ctx.checks.refused_by_budget.fetch_add(1, relaxed);
-                ApiError::budget_spent(wait_s)
-            })?;
+            let reservation = reserve_check(ctx, keys)?;
             if !ctx
                 .hasher
                 .verify_marking(hash, secret.expose().to_string(), &reservation.started)

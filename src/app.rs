@@ -201,6 +201,7 @@ mod tests {
         };
         let cancel = Command::CancelToken {
             token_id: "t1".into(),
+            reason: None,
         };
         assert!(Replicated::decode_result(&app.apply(1, &command("r1", create))).is_ok());
         assert!(Replicated::decode_result(&app.apply(2, &command("r2", cancel))).is_ok());

@@ -44,12 +44,23 @@ const SAMPLE_OVERHEAD: usize = 40;
 /// How long a read of a shard may take.
 const CALL_TIMEOUT_MS: u64 = 2000;
 
+/// A refused agent request, as the node's view shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub at_ms: i64,
+    /// Whether the presented credential was proven to be this node's (its secret matched).
+    /// Anyone can cause a refusal that is not: it never counts as the node's own trouble.
+    pub credential_of_this_node: bool,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct NodeLive {
     pub last_heartbeat_ms: Option<i64>,
     /// Compact JSON text, not a parsed value: a fraction of the memory per sample.
     pub telemetry: VecDeque<(i64, Box<str>)>,
-    pub last_refusal: Option<(u16, i64)>,
+    pub last_refusal: Option<Refusal>,
     /// Refusals not yet written to the node's history: (status, count).
     pub unflushed_refusals: Vec<(u16, u32)>,
     /// The last hardware report (inventory or telemetry naming accelerators) received.
@@ -71,8 +82,7 @@ pub enum ShardMsg {
     },
     Refused {
         node_id: NodeId,
-        status: u16,
-        at_ms: i64,
+        refusal: Refusal,
     },
     /// One node's live state, and when the shard was last rebuilt.
     Get(NodeId, RpcReplyPort<(NodeLive, i64)>),
@@ -235,13 +245,10 @@ impl Actor for Shard {
                     n.last_report_ms = Some(at_ms);
                 }
             }
-            ShardMsg::Refused {
-                node_id,
-                status,
-                at_ms,
-            } => {
+            ShardMsg::Refused { node_id, refusal } => {
                 if let Some(n) = st.entry(&node_id) {
-                    n.last_refusal = Some((status, at_ms));
+                    let status = refusal.status;
+                    n.last_refusal = Some(refusal);
                     match n.unflushed_refusals.iter_mut().find(|(s, _)| *s == status) {
                         Some((_, c)) => *c = c.saturating_add(1),
                         None => n.unflushed_refusals.push((status, 1)),
@@ -439,12 +446,11 @@ impl Supervision {
         }
     }
 
-    pub fn refused(&self, node_id: &NodeId, status: u16, at_ms: i64) {
+    pub fn refused(&self, node_id: &NodeId, refusal: Refusal) {
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Refused {
                 node_id: node_id.clone(),
-                status,
-                at_ms,
+                refusal,
             });
         }
     }
@@ -612,6 +618,15 @@ mod tests {
         assert_eq!(sup.all().await.len(), 40);
     }
 
+    fn refusal(at_ms: i64) -> Refusal {
+        Refusal {
+            status: 401,
+            code: "invalid_credential",
+            at_ms,
+            credential_of_this_node: false,
+        }
+    }
+
     #[tokio::test]
     async fn telemetry_ring_is_bounded_and_refusals_are_coalesced() {
         let app = app_with_nodes(1);
@@ -619,9 +634,9 @@ mod tests {
         let n0 = &NodeId::from("n0");
         for i in 0..100 {
             sup.heartbeat(n0, i, format!("{{\"i\":{i}}}").into(), false);
-            sup.refused(n0, 401, i);
+            sup.refused(n0, refusal(i));
         }
-        sup.refused(&NodeId::from("unknown-node"), 401, 5);
+        sup.refused(&NodeId::from("unknown-node"), refusal(5));
         wait("all messages", async || {
             sup.get(n0).await.0.last_heartbeat_ms == Some(99)
         })
@@ -629,7 +644,7 @@ mod tests {
         let (l, _) = sup.get(n0).await;
         assert_eq!(l.telemetry.len(), TELEMETRY_RING);
         assert_eq!(l.telemetry.front().unwrap().0, 100 - TELEMETRY_RING as i64);
-        assert_eq!(l.last_refusal, Some((401, 99)));
+        assert_eq!(l.last_refusal, Some(refusal(99)));
         let flushed = sup.flush(vec![(n0.clone(), NodeStatus::Online)]).await;
         assert_eq!(flushed, vec![(n0.clone(), 401, 100)]);
         assert!(sup.flush(vec![]).await.is_empty());

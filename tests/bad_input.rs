@@ -134,6 +134,18 @@ async fn no_secret_reaches_a_log_a_snapshot_or_the_raft_log() {
     for _ in 0..10 {
         secrets.push(c.new_token(600).await);
     }
+    // Named operators' tokens too (their secret part sits at the same offsets).
+    for (i, role) in ["viewer", "operator", "admin"].iter().enumerate() {
+        let (s, v) = call(
+            "POST",
+            &format!("{}/api/v1/admin/tokens", c.url(1)),
+            Some(ADMIN),
+            Some(json!({"name": format!("op{i}"), "role": role})),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+        secrets.push(v["token"].as_str().unwrap().to_string());
+    }
     c.wait_converged().await;
     // Every member has written a snapshot to scan (snapshots are paced: wait for them).
     let ids = c.ids.clone();

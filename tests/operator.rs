@@ -320,7 +320,11 @@ async fn admin_cli_covers_the_runbook_with_trustworthy_exit_codes_and_failover()
         .enrollment_id
         .to_string();
     assert!(t2.contains(&eid));
-    let (code, _, err) = admin_cli(&urls, &["enrollments", "cancel", &eid]).await;
+    let (code, _, err) = admin_cli(
+        &urls,
+        &["enrollments", "cancel", &eid, "--reason", "not needed"],
+    )
+    .await;
     assert_eq!(code, 0, "{err}");
     let (code, out, _) = admin_cli(
         &urls,
@@ -455,7 +459,7 @@ async fn the_doctor_names_each_runbook_case() {
     let mut b = Agent::new(c.root(), "b", c.urls());
     a.start(Some(&ta));
     b.start(Some(&tb));
-    let (aid, _) = a.wait_enrolled(None).await;
+    let (aid, acred) = a.wait_enrolled(None).await;
     let (bid, bcred) = b.wait_enrolled(None).await;
 
     // The doctor's `--output json` report is the CLI's own document (built in
@@ -466,20 +470,47 @@ async fn the_doctor_names_each_runbook_case() {
     assert_eq!(v["checks"]["credentials_active"], 1);
     assert_eq!(v["checks"]["accelerators"], 2);
 
-    // Credential for another node (403): a's agent stops; b's credential is sent for a.
-    a.stop();
+    // A stranger cannot make a healthy node look revoked: requests naming a's real credential
+    // id with a wrong secret, or no credential at all, are refused and shown, and the doctor
+    // still says healthy (its verdict on revocation rests on the replicated credentials).
     let url = format!("{}/api/v1/agent/nodes/{aid}/heartbeat", c.url(1));
+    let forged = {
+        let body = format!("{}_{}", &acred[..37], "0".repeat(64));
+        format!("{body}_{:08x}", crc32fast::hash(body.as_bytes()))
+    };
+    assert_eq!(
+        call("POST", &url, Some(&forged), Some(json!({}))).await.0,
+        401
+    );
+    assert_eq!(call("POST", &url, None, Some(json!({}))).await.0, 401);
+    let (code, v) = admin_json(&urls, &["doctor", &aid]).await;
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("healthy")), "{v}");
+    let refusal = &v["checks"]["last_refusal"];
+    assert_eq!(refusal["status"], 401, "{v}");
+    assert_eq!(refusal["credential_of_this_node"], false, "{v}");
+
+    // Credential for another node (403): a's agent stops; b's credential is sent for a, and
+    // once a is no longer online the doctor names the case.
+    a.stop();
     assert_eq!(
         call("POST", &url, Some(&bcred), Some(json!({}))).await.0,
         403
     );
-    let (code, v) = admin_json(&urls, &["doctor", &aid]).await;
-    assert_eq!(
-        (code, v["verdict"].as_str()),
-        (11, Some("credential_for_other_node")),
-        "{v}"
-    );
+    let v = wait_until("the doctor to name another node's credential", WAIT, || {
+        let urls = urls.clone();
+        let aid = aid.clone();
+        async move {
+            let (code, v) = admin_json(&urls, &["doctor", &aid]).await;
+            (code == 11).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(v["verdict"], "credential_for_other_node");
     assert_eq!(v["checks"]["last_refusal"]["status"], 403);
+    assert_eq!(
+        v["checks"]["last_refusal"]["code"],
+        "credential_for_other_node"
+    );
 
     // Agent silent: a restarts and heartbeats (healthy again), then stops and goes quiet.
     a.start(None);
@@ -499,7 +530,11 @@ async fn the_doctor_names_each_runbook_case() {
     assert!(v["commands"].to_string().contains("modelforge-agent"));
 
     // Credential revoked (401): b's credential is revoked while its agent runs.
-    let (code, _, _) = admin_cli(&urls, &["nodes", "revoke-credential", &bid]).await;
+    let (code, _, _) = admin_cli(
+        &urls,
+        &["nodes", "revoke-credential", &bid, "--reason", "test"],
+    )
+    .await;
     assert_eq!(code, 0);
     let (code, line) = b.wait_exit().await;
     assert_eq!(code, 1, "{line}");

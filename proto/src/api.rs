@@ -134,6 +134,13 @@ codes! {
     Overloaded = ("overloaded", 429, "too many requests are waiting for a secret check; retry shortly"),
     TooManyFailedChecks = ("too_many_failed_checks", 429, "too many failed secret checks from this address; retry after the time given"),
     RequestTimeout = ("request_timeout", 503, "the request was not answered in time; retry"),
+    // Operators (named admin tokens).
+    Forbidden = ("forbidden", 403, "this token's role does not allow this action"),
+    InvalidOperatorName = ("invalid_operator_name", 400, "a token name is 1 to 64 letters, digits, '-' or '_', and not 'root' or 'system'"),
+    OperatorExists = ("operator_exists", 409, "a token with this name exists"),
+    OperatorNotFound = ("operator_not_found", 404, "no token with this name"),
+    RootTokenFixed = ("root_token_fixed", 409, "the root token is configuration: rotate it by changing MODELFORGE_ADMIN_TOKEN or --admin-token-file on every member"),
+    TooManyOperators = ("too_many_operators", 409, "the cluster holds the most named tokens it keeps (1,000); delete one first"),
     Internal = ("internal", 500, "internal error"),
 }
 
@@ -375,6 +382,10 @@ pub struct AuditRecord {
     pub log_index: u64,
     pub prev_hash: String,
     pub hash: String,
+    /// Why, for revocations, cancellations, decommissions and token changes. Never skipped
+    /// when absent: this record is also stored with a positional codec.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// One audit event as `GET /api/v1/admin/audit` shows it: the record and its time as text.
@@ -485,6 +496,12 @@ pub struct HistoryEntry {
 pub struct LastRefusal {
     pub status: u16,
     pub at: String,
+    /// The error code the agent was answered.
+    pub code: String,
+    /// Whether the presented credential was proven to be this node's. A refusal that is not
+    /// (a stranger's request, a wrong secret, another node's credential) is no evidence about
+    /// this node's own credential.
+    pub credential_of_this_node: bool,
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{id}`: the summary, history, latest telemetry and the
@@ -593,6 +610,90 @@ pub struct CreateEnrollment {
 pub struct RevokeRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// `DELETE /api/v1/admin/node-enrollments/{id}` and `DELETE /api/v1/admin/tokens/{name}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What an operator's token may do. Each role may do everything the one before it may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Every read but the backup.
+    Viewer,
+    /// Reads and writes: enrolments, revocations, decommissions, allocations, smokes.
+    Operator,
+    /// Everything: also token management and backups.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// `POST /api/v1/admin/tokens`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOperatorToken {
+    pub name: String,
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The 201 answer of `POST /api/v1/admin/tokens`: the token's plaintext, shown once.
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+pub struct OperatorTokenCreated {
+    pub name: String,
+    pub role: Role,
+    pub token: String,
+    pub created_at: String,
+}
+
+impl std::fmt::Debug for OperatorTokenCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorTokenCreated")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// One operator as `GET /api/v1/admin/tokens` lists it (never a secret or its digest).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OperatorView {
+    pub name: String,
+    pub role: Role,
+    /// None for `root`, which is configuration.
+    pub created_at: Option<String>,
+    pub created_by: Option<String>,
+    /// True for `root`: it cannot be deleted through the API.
+    pub builtin: bool,
+}
+
+/// `GET /api/v1/admin/tokens`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OperatorList {
+    pub tokens: Vec<OperatorView>,
+}
+
+/// `DELETE /api/v1/admin/tokens/{name}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OperatorDeleted {
+    pub name: String,
+    pub deleted: bool,
 }
 
 /// `{}`: the body of `POST .../decommission/preview` (nothing may be asked along).

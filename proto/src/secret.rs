@@ -1,6 +1,7 @@
 //! Enrolment tokens and node credentials: `<prefix><id>_<secret>_<crc>`.
 //!
-//! - prefix: `mfet_` (enrolment token) or `mfnc_` (node credential), for secret scanners;
+//! - prefix: `mfet_` (enrolment token), `mfnc_` (node credential) or `mfat_` (an operator's
+//!   admin token), for secret scanners;
 //! - id: 16 random bytes in hex, public: the server finds the one stored row by it;
 //! - secret: 32 random bytes in hex (256 bits: no hash setting matters to brute force);
 //! - crc: CRC-32 of everything before it, in hex, so typos and garbage are refused before any
@@ -15,6 +16,8 @@ use sha2::Digest;
 pub enum SecretKind {
     EnrollmentToken,
     NodeCredential,
+    /// A named operator's admin token.
+    OperatorToken,
 }
 
 impl SecretKind {
@@ -22,6 +25,7 @@ impl SecretKind {
         match self {
             SecretKind::EnrollmentToken => "mfet_",
             SecretKind::NodeCredential => "mfnc_",
+            SecretKind::OperatorToken => "mfat_",
         }
     }
 }

@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 
 /// Bumped whenever any persisted or wire type changes shape. A cluster is upgraded as a whole.
 /// 5: named states (smoke state, history kind) are stored by name, not by variant index.
-pub const FORMAT_VERSION: u8 = 5;
+/// 6: named operators, reasons on cancellations and in audit rows.
+pub const FORMAT_VERSION: u8 = 6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

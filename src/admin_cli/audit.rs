@@ -26,6 +26,8 @@ struct WireEvent {
     log_index: u64,
     prev_hash: String,
     hash: String,
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 /// What a verification found.
@@ -81,6 +83,7 @@ pub fn verify_events(events: &[Value]) -> Result<Verified, Broken> {
             log_index: w.log_index,
             prev_hash: w.prev_hash,
             hash: w.hash,
+            reason: w.reason,
         };
         let broken = |reason: String| Broken {
             position: i + 1,
@@ -133,6 +136,7 @@ mod tests {
                     actor: "admin".into(),
                     command: Command::CancelToken {
                         token_id: format!("t{i}").into(),
+                        reason: None,
                     },
                 },
             );

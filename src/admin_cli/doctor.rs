@@ -49,6 +49,16 @@ impl Verdict {
     }
 }
 
+/// The last refused agent request naming the node.
+#[derive(Clone, Debug)]
+pub struct SeenRefusal {
+    pub status: u16,
+    pub code: String,
+    pub at: String,
+    pub at_ms: i64,
+    pub credential_of_this_node: bool,
+}
+
 /// The facts the verdict rests on, read from the node view and its credentials.
 #[derive(Clone, Debug)]
 pub struct Facts {
@@ -58,8 +68,7 @@ pub struct Facts {
     pub decommissioned_at: Option<String>,
     pub last_heartbeat_at: Option<String>,
     pub last_heartbeat_ms: Option<i64>,
-    /// (401 or 403, at, at in ms)
-    pub last_refusal: Option<(u16, String, i64)>,
+    pub last_refusal: Option<SeenRefusal>,
     pub active: u64,
     pub revoked: u64,
     pub active_last_used_at: Option<String>,
@@ -94,10 +103,13 @@ impl Facts {
             decommissioned_at: n.decommissioned_at.clone(),
             last_heartbeat_at: n.last_heartbeat_at.clone(),
             last_heartbeat_ms: n.last_heartbeat_at.as_deref().and_then(ms),
-            last_refusal: node
-                .last_refusal
-                .as_ref()
-                .map(|r| (r.status, r.at.clone(), ms(&r.at).unwrap_or(0))),
+            last_refusal: node.last_refusal.as_ref().map(|r| SeenRefusal {
+                status: r.status,
+                code: r.code.clone(),
+                at: r.at.clone(),
+                at_ms: ms(&r.at).unwrap_or(0),
+                credential_of_this_node: r.credential_of_this_node,
+            }),
             active: creds.active as u64,
             revoked: creds.revoked as u64,
             active_last_used_at,
@@ -114,15 +126,18 @@ pub fn diagnose(f: &Facts) -> Verdict {
     if f.status == NodeStatus::Decommissioned || f.decommissioned_at.is_some() {
         return Verdict::Decommissioned;
     }
-    // A refusal newer than the last accepted heartbeat is what the agent hears now.
-    if let Some((status, _, at)) = &f.last_refusal
-        && f.last_heartbeat_ms.is_none_or(|hb| *at > hb)
+    // Anyone can make a node's requests be refused, so a refusal is evidence only where it
+    // could not be forged. "Revoked" comes from the replicated state alone: no active
+    // credential. "Another node's credential" needs a 403 `credential_for_other_node`, which
+    // is answered only once the presented secret verified, newer than the last accepted
+    // heartbeat, on a node that is not online: a healthy node's verdict never changes.
+    if let Some(r) = &f.last_refusal
+        && r.status == 403
+        && r.code == "credential_for_other_node"
+        && f.status != NodeStatus::Online
+        && f.last_heartbeat_ms.is_none_or(|hb| r.at_ms > hb)
     {
-        return if *status == 403 {
-            Verdict::CredentialForOtherNode
-        } else {
-            Verdict::CredentialRevoked
-        };
+        return Verdict::CredentialForOtherNode;
     }
     if f.active == 0 {
         return Verdict::CredentialRevoked;
@@ -161,7 +176,7 @@ pub fn advice(f: &Facts, v: Verdict) -> (String, Vec<String>) {
             ];
             cmds.extend(reenrol);
             (
-                "Heartbeats get 401: the credential is revoked or lost. Re-enrol with a fresh token (RUNBOOK_NODE_RECOVERY.md, cases 2 and 3)."
+                "The node has no active credential (revoked): its agent's heartbeats get 401. Re-enrol with a fresh token (RUNBOOK_NODE_RECOVERY.md, cases 2 and 3)."
                     .into(),
                 cmds,
             )
@@ -245,7 +260,12 @@ pub fn report_json(f: &Facts, v: Verdict) -> Value {
         "checks": {
             "status": f.status,
             "last_heartbeat_at": f.last_heartbeat_at,
-            "last_refusal": f.last_refusal.as_ref().map(|(s, at, _)| json!({"status": s, "at": at})),
+            "last_refusal": f.last_refusal.as_ref().map(|r| json!({
+                "status": r.status,
+                "code": r.code,
+                "at": r.at,
+                "credential_of_this_node": r.credential_of_this_node,
+            })),
             "credentials_active": f.active,
             "credentials_revoked": f.revoked,
             "active_credential_last_used_at": f.active_last_used_at,
@@ -266,9 +286,17 @@ pub fn report_text(f: &Facts, v: Verdict) -> String {
     let (case, commands) = advice(f, v);
     let or = |o: &Option<String>, d: &str| o.clone().unwrap_or_else(|| d.to_string());
     let answered = match (&f.last_refusal, f.last_heartbeat_ms) {
-        (Some((s, at, rat)), hb) if hb.is_none_or(|hb| *rat > hb) => {
-            format!("{s} (latest refusal at {at}, after the last accepted heartbeat)")
-        }
+        (Some(r), hb) if hb.is_none_or(|hb| r.at_ms > hb) => format!(
+            "{} {} (latest refusal at {}, after the last accepted heartbeat; {})",
+            r.status,
+            r.code,
+            r.at,
+            if r.credential_of_this_node {
+                "the node's own credential"
+            } else {
+                "not proven to be the node's credential"
+            }
+        ),
         (_, Some(_)) => "200".to_string(),
         (_, None) => "nothing: no request seen".to_string(),
     };
@@ -371,14 +399,37 @@ mod tests {
     #[test]
     fn each_runbook_case_has_its_verdict() {
         assert_eq!(diagnose(&healthy()), Verdict::Healthy);
+        let refusal = |status: u16, code: &str, at_ms: i64, ours: bool| {
+            Some(SeenRefusal {
+                status,
+                code: code.into(),
+                at: String::new(),
+                at_ms,
+                credential_of_this_node: ours,
+            })
+        };
+        // No refusal anyone can cause changes a healthy node's verdict: revoked is read from
+        // the replicated credentials only.
         let mut f = healthy();
-        f.last_refusal = Some((401, String::new(), 11_000));
-        assert_eq!(diagnose(&f), Verdict::CredentialRevoked);
-        f.last_refusal = Some((403, String::new(), 11_000));
+        for (status, code, ours) in [
+            (401, "invalid_credential", false),
+            (401, "credential_revoked", false),
+            (401, "credential_revoked", true),
+            (403, "credential_for_other_node", false),
+        ] {
+            f.last_refusal = refusal(status, code, 11_000, ours);
+            assert_eq!(diagnose(&f), Verdict::Healthy, "{status} {code} {ours}");
+        }
+        // Another node's verified credential presented for a node that is no longer online.
+        f.status = NodeStatus::Stale;
+        f.last_refusal = refusal(403, "credential_for_other_node", 11_000, false);
         assert_eq!(diagnose(&f), Verdict::CredentialForOtherNode);
         // A refusal older than the last accepted heartbeat is history, not the present.
-        f.last_refusal = Some((401, String::new(), 9_000));
-        assert_eq!(diagnose(&f), Verdict::Healthy);
+        f.last_refusal = refusal(403, "credential_for_other_node", 9_000, false);
+        assert_eq!(diagnose(&f), Verdict::AgentSilent);
+        // A stranger's 401s on a silent node leave it silent.
+        f.last_refusal = refusal(401, "invalid_credential", 11_000, false);
+        assert_eq!(diagnose(&f), Verdict::AgentSilent);
         let mut f = healthy();
         f.status = NodeStatus::Stale;
         assert_eq!(diagnose(&f), Verdict::AgentSilent);

@@ -77,12 +77,17 @@ pub(super) async fn enrollments(
                 )
             });
         }
-        EnrollmentCmd::Cancel { enrollment_id } => {
+        EnrollmentCmd::Cancel {
+            enrollment_id,
+            reason,
+        } => {
             let (_, v): (api::EnrollmentCancelled, _) = c
                 .write_typed(
                     Method::DELETE,
                     &format!("/api/v1/admin/node-enrollments/{enrollment_id}"),
-                    &api::EmptyRequest {},
+                    &api::ReasonRequest {
+                        reason: Some(reason.clone()),
+                    },
                     None,
                 )
                 .await?;

@@ -13,6 +13,7 @@ mod decommission;
 pub mod doctor;
 mod enrolments;
 mod nodes;
+mod operators;
 mod output;
 
 use std::io::Write;
@@ -33,6 +34,7 @@ use self::doctor::doctor_cmd;
 use self::enrolments::enrollments;
 use self::nodes::nodes;
 use self::nodes::smoke_cmd;
+use self::operators::operators;
 use self::output::emit;
 use self::output::emit_or_quiet;
 use self::output::table;
@@ -95,6 +97,9 @@ pub enum AdminCmd {
     /// Decommission a node: preview, then execute.
     #[command(subcommand)]
     Decommission(DecommissionCmd),
+    /// Named operators' admin tokens: create, list, delete (needs the admin role).
+    #[command(subcommand)]
+    Tokens(TokenCmd),
     /// The audit trail: list, export, verify.
     #[command(subcommand)]
     Audit(AuditCmd),
@@ -135,7 +140,52 @@ pub enum EnrollmentCmd {
     /// List enrolment tokens (never the tokens themselves).
     List,
     /// Cancel an unclaimed token.
-    Cancel { enrollment_id: String },
+    Cancel {
+        enrollment_id: String,
+        /// Why (kept in the audit trail).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a named token (shown once) with a role: viewer, operator or admin.
+    Create {
+        name: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// Why (kept in the audit trail).
+        #[arg(long)]
+        reason: String,
+    },
+    /// List the named tokens (never a token or its digest).
+    List,
+    /// Delete a named token: when this returns, no member accepts it.
+    Delete {
+        name: String,
+        /// Why (kept in the audit trail).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// A role as the CLI takes it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleArg {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+impl From<RoleArg> for api::Role {
+    fn from(r: RoleArg) -> Self {
+        match r {
+            RoleArg::Viewer => api::Role::Viewer,
+            RoleArg::Operator => api::Role::Operator,
+            RoleArg::Admin => api::Role::Admin,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -154,8 +204,9 @@ pub enum NodeCmd {
     /// Revoke a node's active credential (permanent).
     RevokeCredential {
         node_id: String,
+        /// Why (kept in the audit trail).
         #[arg(long)]
-        reason: Option<String>,
+        reason: String,
     },
 }
 
@@ -233,7 +284,10 @@ pub async fn run(args: AdminArgs) -> i32 {
     match run_inner(args).await {
         Ok(code) => code,
         Err(Fail(code, msg)) => {
-            eprintln!("modelforge admin: {}", msg.replace('\n', " "));
+            eprintln!(
+                "modelforge admin: {}",
+                output::printable(&msg.replace('\n', " "))
+            );
             code
         }
     }
@@ -314,7 +368,7 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
     }
     // Validate ids before any network traffic: a usage error is exit 2, never a request.
     match &args.command {
-        AdminCmd::Enrollments(EnrollmentCmd::Cancel { enrollment_id }) => {
+        AdminCmd::Enrollments(EnrollmentCmd::Cancel { enrollment_id, .. }) => {
             check_id("enrollment_id", enrollment_id)?
         }
         AdminCmd::Nodes(
@@ -336,6 +390,9 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Audit(AuditCmd::List {
             node_id: Some(n), ..
         }) => check_id("node_id", n)?,
+        AdminCmd::Tokens(TokenCmd::Create { name, .. } | TokenCmd::Delete { name, .. }) => {
+            check_id("token name", name)?
+        }
         _ => {}
     }
     // Verifying a file needs no server and no token.
@@ -394,6 +451,7 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Enrollments(cmd) => enrollments(&args, &mut c, cmd).await,
         AdminCmd::Nodes(cmd) => nodes(&args, &mut c, cmd).await,
         AdminCmd::Decommission(cmd) => decommission(&args, &mut c, cmd).await,
+        AdminCmd::Tokens(cmd) => operators(&args, &mut c, cmd).await,
         AdminCmd::Audit(cmd) => audit_cmd(&args, &mut c, cmd).await,
         AdminCmd::Doctor { node_id, wait } => doctor_cmd(&args, &mut c, node_id, *wait).await,
         AdminCmd::Backup { out } => backup_cmd(&args, &mut c, out).await,

@@ -220,7 +220,7 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
         }
         NodeCmd::RevokeCredential { node_id, reason } => {
             let body = api::RevokeRequest {
-                reason: reason.clone(),
+                reason: Some(reason.clone()),
             };
             let (answer, v): (api::Revoked, _) = c
                 .write_typed(

@@ -55,7 +55,7 @@ pub(super) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 pub(super) fn emit(args: &AdminArgs, v: &Value, human: impl FnOnce() -> String) {
     let text = match args.output {
         Output::Json => serde_json::to_string_pretty(v).unwrap_or_default() + "\n",
-        Output::Table => human(),
+        Output::Table => printable(&human()),
     };
     print!("{text}");
     let _ = std::io::stdout().flush();
@@ -70,7 +70,7 @@ pub(super) fn emit_or_quiet(
 ) {
     if args.quiet {
         for q in quiet {
-            println!("{q}");
+            println!("{}", printable(&q));
         }
     } else {
         emit(args, v, human);
@@ -83,5 +83,31 @@ pub(super) fn list_text<T: std::fmt::Display>(items: &[T]) -> String {
     } else {
         let items: Vec<String> = items.iter().map(T::to_string).collect();
         items.join(", ")
+    }
+}
+
+/// `text` with every control character but the line break escaped (`\u{1b}`), so nothing a
+/// node or a client put into a field (a hostname, a note, an inventory string) can drive the
+/// operator's terminal. JSON output is escaped by JSON itself.
+pub(super) fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_are_escaped_and_lines_kept() {
+        assert_eq!(
+            super::printable("a\u{1b}[31mred\r\nb\u{9b}c"),
+            "a\\u{1b}[31mred\\r\nb\\u{9b}c"
+        );
     }
 }

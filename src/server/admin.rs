@@ -17,10 +17,12 @@ use serde_json::Value;
 
 use super::Shared;
 use super::extract::AdminNode;
+use super::extract::ClientAddr;
 use super::extract::JsonBody;
+use super::extract::Need;
+use super::extract::authorize;
 use super::extract::parse_id;
 use super::extract::request_id;
-use super::extract::require_admin;
 use crate::error::ApiError;
 use crate::liveness::node_status;
 use crate::state::Command;
@@ -41,10 +43,11 @@ const MAX_NOTE_LEN: usize = 1024;
 /// `POST /api/v1/admin/node-enrollments`: the token is shown once; only its hash is kept.
 pub async fn create_enrollment(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
     JsonBody(req): JsonBody<api::CreateEnrollment>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    let op = authorize(&ctx, &headers, client, Need::Write).await?;
     let ttl = req.ttl_seconds.unwrap_or(ctx.cfg.default_token_ttl_s);
     if ttl == 0 || ttl > ctx.cfg.max_token_ttl_s {
         return Err(ApiError::new(
@@ -74,7 +77,7 @@ pub async fn create_enrollment(
         ttl_ms: (ttl as i64) * 1000,
         note: req.note,
     };
-    match ctx.propose("admin", rid, cmd).await? {
+    match ctx.propose(&op.name, rid, cmd).await? {
         Outcome::TokenCreated {
             token_id,
             expires_at_ms,
@@ -109,9 +112,10 @@ pub async fn create_enrollment(
 /// `GET /api/v1/admin/node-enrollments`: never the token or its hash.
 pub async fn list_enrollments(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    authorize(&ctx, &headers, client, Need::Read).await?;
     ctx.linearize().await?;
     let now = now_ms();
     let s = ctx.app.read();
@@ -135,18 +139,28 @@ pub async fn list_enrollments(
 /// `DELETE /api/v1/admin/node-enrollments/{enrollment_id}`: cancel an unclaimed token.
 pub async fn cancel_enrollment(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
     Path(id): Path<String>,
+    JsonBody(body): JsonBody<api::ReasonRequest>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    let op = authorize(&ctx, &headers, client, Need::Write).await?;
     let id: TokenId = parse_id("enrollment_id", &id)?;
-    let rid = request_id(&headers, &format!("admin enrollment.cancel {id}"), &())?;
+    let reason = optional_reason(body.reason)?;
+    let rid = request_id(&headers, &format!("admin enrollment.cancel {id}"), &reason)?;
     // Refuse what cannot succeed without a replicated write (a bad request changes nothing);
     // apply decides again, for the races.
     ctx.linearize().await?;
     ctx.app.read().check_cancel(&id)?;
     match ctx
-        .propose("admin", rid, Command::CancelToken { token_id: id })
+        .propose(
+            &op.name,
+            rid,
+            Command::CancelToken {
+                token_id: id,
+                reason,
+            },
+        )
         .await?
     {
         Outcome::TokenCancelled { token_id } => Ok(axum::Json(api::EnrollmentCancelled {
@@ -156,6 +170,22 @@ pub async fn cancel_enrollment(
         .into_response()),
         other => Err(ApiError::internal(format!("unexpected answer: {other:?}"))),
     }
+}
+
+/// An optional `reason`: at most [`MAX_NOTE_LEN`] bytes of printable text, blank as none.
+pub fn optional_reason(reason: Option<String>) -> Result<Option<String>, ApiError> {
+    let reason = reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if let Some(r) = &reason
+        && (r.len() > MAX_NOTE_LEN || r.chars().any(|c| c.is_control()))
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidReason,
+            "reason must be at most 1024 bytes of printable text",
+        ));
+    }
+    Ok(reason)
 }
 
 /// The last time a node was seen: a heartbeat here, or a replicated credential use.
@@ -243,10 +273,11 @@ pub struct NodeQuery {
 /// `GET /api/v1/admin/hardware/nodes?hostname=&enabled=`.
 pub async fn list_nodes(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
     query: Result<Query<NodeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    authorize(&ctx, &headers, client, Need::Read).await?;
     let Query(q) = query.map_err(|_| {
         ApiError::new(
             ErrorCode::InvalidQuery,
@@ -275,7 +306,7 @@ pub async fn list_nodes(
 /// last refused agent request.
 pub async fn show_node(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, _): AdminNode,
 ) -> Result<Response, ApiError> {
     let now = now_ms();
     let (live, rebuilt_at) = ctx.live.sup.get(&node_id).await;
@@ -303,9 +334,11 @@ pub async fn show_node(
             .and_then(|(_, t)| serde_json::from_str(t).ok())
             .unwrap_or(Value::Null),
         telemetry_at: latest.map(|(at, _)| rfc3339_ms(*at)),
-        last_refusal: live.last_refusal.map(|(status, at)| api::LastRefusal {
-            status,
-            at: rfc3339_ms(at),
+        last_refusal: live.last_refusal.map(|r| api::LastRefusal {
+            status: r.status,
+            at: rfc3339_ms(r.at_ms),
+            code: r.code.to_string(),
+            credential_of_this_node: r.credential_of_this_node,
         }),
     })
     .into_response())
@@ -314,7 +347,7 @@ pub async fn show_node(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/telemetry`: the recent ring, oldest first.
 pub async fn telemetry(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, _): AdminNode,
 ) -> Result<Response, ApiError> {
     let (live, _) = ctx.live.sup.get(&node_id).await;
     let samples = live
@@ -331,7 +364,7 @@ pub async fn telemetry(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.
 pub async fn list_credentials(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, _): AdminNode,
 ) -> Result<Response, ApiError> {
     let s = ctx.app.read();
     let node = s
@@ -369,7 +402,7 @@ pub async fn list_credentials(
 /// after applying everything committed).
 pub async fn revoke_credential(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, op): AdminNode,
     headers: HeaderMap,
     JsonBody(body): JsonBody<api::RevokeRequest>,
 ) -> Result<Response, ApiError> {
@@ -389,7 +422,7 @@ pub async fn revoke_credential(
     )?;
     match ctx
         .propose(
-            "admin",
+            &op.name,
             rid,
             Command::RevokeCredentials {
                 node_id: node_id.clone(),
@@ -436,7 +469,7 @@ fn preview_json(p: &crate::state::DecommissionPreview) -> api::DecommissionPrevi
 /// "Decommission: preview, then execute").
 pub async fn decommission_preview(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, op): AdminNode,
     headers: HeaderMap,
     JsonBody(_): JsonBody<api::EmptyRequest>,
 ) -> Result<Response, ApiError> {
@@ -449,7 +482,7 @@ pub async fn decommission_preview(
         preview_id: PreviewId::random(),
         node_id: node_id.clone(),
     };
-    match ctx.propose("admin", rid, cmd).await? {
+    match ctx.propose(&op.name, rid, cmd).await? {
         Outcome::DecommissionPreviewed { preview } => {
             tracing::info!(
                 node_id = %node_id,
@@ -466,7 +499,7 @@ pub async fn decommission_preview(
 /// applies the preview's effects in one replicated step if they are unchanged, else 409.
 pub async fn decommission_execute(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, op): AdminNode,
     headers: HeaderMap,
     JsonBody(body): JsonBody<api::ExecuteDecommission>,
 ) -> Result<Response, ApiError> {
@@ -498,7 +531,7 @@ pub async fn decommission_execute(
         node_id: node_id.clone(),
         reason,
     };
-    match ctx.propose("admin", rid, cmd).await? {
+    match ctx.propose(&op.name, rid, cmd).await? {
         Outcome::Decommissioned {
             node_id,
             decommissioned_at_ms,
@@ -535,10 +568,11 @@ pub struct AuditQuery {
 /// `GET /api/v1/admin/audit?node_id=&since=&limit=`.
 pub async fn audit(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
     Query(q): Query<AuditQuery>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    authorize(&ctx, &headers, client, Need::Read).await?;
     let since_ms = match &q.since {
         None => None,
         Some(s) => Some(
@@ -576,9 +610,10 @@ pub async fn audit(
 /// `GET /api/v1/admin/state-digest`: a digest of the applied state, to compare members.
 pub async fn state_digest(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    authorize(&ctx, &headers, client, Need::Read).await?;
     let s = ctx.app.read();
     Ok(axum::Json(modelforge_proto::api::StateDigest {
         digest: s.digest(),

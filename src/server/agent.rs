@@ -106,7 +106,7 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
 
 /// Claim the failed-check budgets of `keys` before an argon2 verification: 429
 /// `too_many_failed_checks` with `Retry-After` when one is spent (see `budget`).
-fn reserve_check(
+pub(super) fn reserve_check(
     ctx: &super::Ctx,
     keys: Vec<budget::Key>,
 ) -> Result<budget::Reservation<'_>, ApiError> {
@@ -246,10 +246,34 @@ async fn authenticate(
         && matches!(e.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
     {
         // The shard keeps it only for nodes that exist; never a replicated write per refusal.
-        ctx.live.sup.refused(&node_id, e.status.as_u16(), now_ms());
+        let refusal = crate::supervisor::Refusal {
+            status: e.status.as_u16(),
+            code: e.code.as_str(),
+            at_ms: now_ms(),
+            credential_of_this_node: proven_of(ctx, &node_id, headers),
+        };
+        ctx.live.sup.refused(&node_id, refusal);
         tracing::debug!(node_id = %node_id, code = e.code.as_str(), "agent request refused");
     }
     result.map(|credential_id| (node_id, credential_id))
+}
+
+/// Whether the credential in `headers` is `node_id`'s and its secret is the one that last
+/// passed argon2 (a refused credential is revoked, so this asks the cache, never argon2).
+fn proven_of(ctx: &Shared, node_id: &NodeId, headers: &HeaderMap) -> bool {
+    let Some(secret) = bearer(headers)
+        .ok()
+        .and_then(|p| Secret::parse(SecretKind::NodeCredential, p).ok())
+    else {
+        return false;
+    };
+    let ours = ctx
+        .app
+        .read()
+        .credentials
+        .get(secret.id())
+        .is_some_and(|c| c.node_id == *node_id);
+    ours && ctx.app.cached(secret.id(), &secret.fast_digest()) == Cached::Match
 }
 
 async fn authenticate_inner(

@@ -13,12 +13,18 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 
 use super::Shared;
-use super::extract::require_admin;
+use super::extract::ClientAddr;
+use super::extract::Need;
+use super::extract::authorize;
 use crate::error::ApiError;
 use crate::state::Command;
 
-pub async fn backup(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+pub async fn backup(
+    State(ctx): State<Shared>,
+    client: ClientAddr,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let op = authorize(&ctx, &headers, client, Need::Manage).await?;
     ctx.read_anywhere().await?;
     let c = ctx.clone();
     let (bytes, index, digest) = tokio::task::spawn_blocking(move || {
@@ -35,7 +41,7 @@ pub async fn backup(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Res
         applied_index: index,
         state_digest: digest,
     };
-    ctx.propose("admin", modelforge_proto::new_uuid(), cmd)
+    ctx.propose(&op.name, modelforge_proto::new_uuid(), cmd)
         .await?;
     tracing::info!(applied_index = index, bytes = bytes.len(), "backup taken");
     let mut resp = bytes.into_response();

@@ -10,8 +10,11 @@ use super::Ctx;
 use crate::error::ApiError;
 use crate::secrets;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::api::Role;
 use modelforge_proto::ids::Id;
 use modelforge_proto::ids::NodeId;
+use modelforge_proto::secret::Secret;
+use modelforge_proto::secret::SecretKind;
 
 /// The header in which a member relaying a request names the client it came from.
 pub const CLIENT_HEADER: &str = "x-modelforge-client";
@@ -136,15 +139,116 @@ pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
     Ok(secret)
 }
 
-pub fn require_admin(ctx: &Ctx, headers: &HeaderMap) -> Result<(), ApiError> {
+/// What an admin request needs of its operator's role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Reads (every GET but the backup): any role.
+    Read,
+    /// Writes: `operator` or `admin`.
+    Write,
+    /// Token management and backups: `admin`.
+    Manage,
+}
+
+impl Need {
+    fn role(self) -> Role {
+        match self {
+            Need::Read => Role::Viewer,
+            Need::Write => Role::Operator,
+            Need::Manage => Role::Admin,
+        }
+    }
+}
+
+/// The operator behind an admin request: `root` (the bootstrap token) or a named token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operator {
+    pub name: String,
+    pub role: Role,
+}
+
+/// Authenticate an admin request and check its role allows `need`: 401 for anything but a
+/// valid token, 403 `forbidden` for a valid token without the role.
+///
+/// A named token is looked up only after a linearized read (`read_anywhere`: this member has
+/// applied all the leader committed), so once its deletion returned no member accepts it. Its
+/// secret is checked like a node credential's: the verified cache (one id has one secret, so
+/// another digest is refused without argon2) or one argon2 verification, budgeted per client
+/// address and per token id.
+pub async fn authorize(
+    ctx: &Ctx,
+    headers: &HeaderMap,
+    client: ClientAddr,
+    need: Need,
+) -> Result<Operator, ApiError> {
     let given = bearer(headers)?;
-    if !secrets::same_secret(given, &ctx.cfg.admin_token) {
+    let operator = if secrets::same_secret(given, &ctx.cfg.admin_token) {
+        Operator {
+            name: "root".to_string(),
+            role: Role::Admin,
+        }
+    } else {
+        named_operator(ctx, given, client).await?
+    };
+    if operator.role < need.role() {
         return Err(ApiError::new(
-            ErrorCode::Unauthenticated,
-            "the admin token is not valid",
+            ErrorCode::Forbidden,
+            format!(
+                "the token {:?} has the role {}; this needs {}",
+                operator.name,
+                operator.role.as_str(),
+                need.role().as_str()
+            ),
         ));
     }
-    Ok(())
+    Ok(operator)
+}
+
+/// The named operator whose token is `given`, or 401.
+async fn named_operator(ctx: &Ctx, given: &str, client: ClientAddr) -> Result<Operator, ApiError> {
+    use crate::app::Cached;
+    let refused = || ApiError::new(ErrorCode::Unauthenticated, "the admin token is not valid");
+    let secret = Secret::parse(SecretKind::OperatorToken, given).map_err(|_| refused())?;
+    ctx.read_anywhere().await?;
+    let row = |ctx: &Ctx| {
+        let s = ctx.app.read();
+        s.operator_by_token_id(secret.id())
+            .map(|o| (o.hash.clone(), o.name.clone(), o.role))
+            .ok_or_else(refused)
+    };
+    let (hash, name, role) = row(ctx)?;
+    let digest = secret.fast_digest();
+    let mut cached = ctx.app.cached(secret.id(), &digest);
+    let _one_at_a_time = if cached == Cached::Unknown {
+        let guard = ctx.id_locks.lock(secret.id()).await;
+        cached = ctx.app.cached(secret.id(), &digest);
+        Some(guard)
+    } else {
+        None
+    };
+    match cached {
+        Cached::Match => {}
+        Cached::Mismatch => return Err(refused()),
+        Cached::Unknown => {
+            let keys = vec![
+                super::budget::Key::Client(client.0),
+                super::budget::Key::Token(secret.id().to_string(), client.0),
+            ];
+            let reservation = super::agent::reserve_check(ctx, keys)?;
+            if !ctx
+                .hasher
+                .verify_marking(hash, secret.expose().to_string(), &reservation.started)
+                .await?
+            {
+                return Err(refused());
+            }
+            reservation.passed();
+            // A deletion may have applied during the (slow) verify.
+            row(ctx)?;
+            ctx.app.remember_verified(secret.id(), digest);
+        }
+    }
+    Ok(Operator { name, role })
 }
 
 /// An id from a path or a body, typed. Ids are opaque but tame (`modelforge_proto::ids::is_tame`:
@@ -197,10 +301,11 @@ pub fn request_id(
     }
 }
 
-/// "An admin asks about an existing node": the admin token, a well-formed `{node_id}` from the
-/// path, a linearized read, and the node exists (nodes are never deleted, so it still does
-/// when the handler reads it). Its id.
-pub struct AdminNode(pub NodeId);
+/// "An operator asks about an existing node": a token whose role allows the method (GET reads,
+/// anything else writes), a well-formed `{node_id}` from the path, a linearized read, and the
+/// node exists (nodes are never deleted, so it still does when the handler reads it). Its id
+/// and the operator.
+pub struct AdminNode(pub NodeId, pub Operator);
 
 impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
     type Rejection = ApiError;
@@ -209,7 +314,13 @@ impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
         parts: &mut axum::http::request::Parts,
         ctx: &super::Shared,
     ) -> Result<Self, ApiError> {
-        require_admin(ctx, &parts.headers)?;
+        let need = if parts.method == axum::http::Method::GET {
+            Need::Read
+        } else {
+            Need::Write
+        };
+        let client = ClientAddr::of(&parts.extensions, &parts.headers);
+        let operator = authorize(ctx, &parts.headers, client, need).await?;
         let axum::extract::Path(params) = axum::extract::Path::<
             std::collections::HashMap<String, String>,
         >::from_request_parts(parts, ctx)
@@ -220,7 +331,7 @@ impl axum::extract::FromRequestParts<super::Shared> for AdminNode {
         if !ctx.app.read().nodes.contains_key(&node_id) {
             return Err(ApiError::of(ErrorCode::NodeNotFound));
         }
-        Ok(AdminNode(node_id))
+        Ok(AdminNode(node_id, operator))
     }
 }
 

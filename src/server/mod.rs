@@ -14,6 +14,7 @@ pub mod budget;
 pub mod edge;
 mod extract;
 mod forward;
+mod operators;
 mod peer;
 pub mod peer_auth;
 mod routes;

@@ -63,6 +63,14 @@ pub fn router(ctx: Shared) -> Router {
             post(admin::decommission_execute),
         )
         .route("/api/v1/admin/audit", get(admin::audit))
+        .route(
+            "/api/v1/admin/tokens",
+            post(operators::create).get(operators::list),
+        )
+        .route(
+            "/api/v1/admin/tokens/{name}",
+            axum::routing::delete(operators::delete),
+        )
         .route("/api/v1/allocations", post(scheduler::allocate))
         .route(
             "/api/v1/allocations/{allocation_id}",
@@ -164,9 +172,10 @@ pub(super) async fn cluster_ca(State(ctx): State<Shared>) -> Result<Response, Ap
 
 pub(super) async fn cluster(
     State(ctx): State<Shared>,
+    client: extract::ClientAddr,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    extract::require_admin(&ctx, &headers)?;
+    extract::authorize(&ctx, &headers, client, extract::Need::Read).await?;
     let s = ctx.consensus.status();
     let relaxed = std::sync::atomic::Ordering::Relaxed;
     let (minted_ahead, minted_inline) = ctx.mint.counts();

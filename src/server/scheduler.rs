@@ -24,10 +24,12 @@ use modelforge_proto::rfc3339_ms;
 
 use super::Shared;
 use super::extract::AdminNode;
+use super::extract::ClientAddr;
 use super::extract::JsonBody;
+use super::extract::Need;
+use super::extract::authorize;
 use super::extract::parse_id;
 use super::extract::request_id;
-use super::extract::require_admin;
 use crate::error::ApiError;
 use crate::state::Command;
 use crate::state::Outcome;
@@ -74,10 +76,11 @@ fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<Stri
 /// `POST /api/v1/allocations`.
 pub async fn allocate(
     State(ctx): State<Shared>,
+    client: ClientAddr,
     headers: HeaderMap,
     JsonBody(req): JsonBody<api::AllocationRequest>,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    let op = authorize(&ctx, &headers, client, Need::Write).await?;
     if req.accelerators == 0 || req.accelerators > 256 {
         return Err(ApiError::new(
             ErrorCode::InvalidAllocation,
@@ -155,7 +158,7 @@ pub async fn allocate(
         owner: req.owner,
         idempotency_key: key,
     };
-    match ctx.propose("admin", rid, cmd).await? {
+    match ctx.propose(&op.name, rid, cmd).await? {
         Outcome::Allocated {
             allocation_id,
             node_id,
@@ -183,9 +186,10 @@ fn created(allocation_id: &AllocationId, node_id: &NodeId, uuids: &[String]) -> 
 pub async fn release(
     State(ctx): State<Shared>,
     Path(allocation_id): Path<String>,
+    client: ClientAddr,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+    let op = authorize(&ctx, &headers, client, Need::Write).await?;
     let allocation_id: AllocationId = parse_id("allocation_id", &allocation_id)?;
     let rid = request_id(
         &headers,
@@ -193,7 +197,7 @@ pub async fn release(
         &(),
     )?;
     ctx.propose(
-        "admin",
+        &op.name,
         rid,
         Command::Release {
             allocation_id: allocation_id.clone(),
@@ -207,8 +211,12 @@ pub async fn release(
 }
 
 /// `GET /api/v1/admin/scheduler`: every enabled node as the scheduler sees it.
-pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
-    require_admin(&ctx, &headers)?;
+pub async fn view(
+    State(ctx): State<Shared>,
+    client: ClientAddr,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&ctx, &headers, client, Need::Read).await?;
     ctx.linearize().await?;
     let live = ctx.live.sup.all().await;
     let rebuilt_at = ctx.live.sup.rebuilt_at();
@@ -279,7 +287,7 @@ pub async fn view(State(ctx): State<Shared>, headers: HeaderMap) -> Result<Respo
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/smoke` -> 202 `{smoke_id}`.
 pub async fn start_smoke(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, op): AdminNode,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let rid = request_id(&headers, &format!("admin smoke.start {node_id}"), &())?;
@@ -289,7 +297,7 @@ pub async fn start_smoke(
         &rid.replace('-', "")[..20.min(rid.len())]
     ));
     let cmd = Command::StartSmoke { smoke_id, node_id };
-    match ctx.propose("admin", rid, cmd).await? {
+    match ctx.propose(&op.name, rid, cmd).await? {
         Outcome::SmokeStarted { smoke_id } => Ok((
             StatusCode::ACCEPTED,
             axum::Json(api::SmokeStarted { smoke_id }),
@@ -304,7 +312,7 @@ pub async fn start_smoke(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}`.
 pub async fn show_smoke(
     State(ctx): State<Shared>,
-    AdminNode(node_id): AdminNode,
+    AdminNode(node_id, _): AdminNode,
     Path((_, smoke_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let smoke_id: SmokeId = parse_id("smoke_id", &smoke_id)?;

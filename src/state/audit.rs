@@ -18,6 +18,7 @@ impl State {
         target: &str,
         result: &str,
         request_id: &str,
+        reason: Option<&str>,
     ) {
         let seq = self.audit.len() as u64 + 1;
         let prev_hash = self
@@ -36,6 +37,7 @@ impl State {
             log_index,
             prev_hash,
             hash: String::new(),
+            reason: reason.map(str::to_string),
         };
         ev.hash = audit_hash(&ev);
         self.audit.push(ev);
@@ -58,6 +60,12 @@ pub fn audit_hash(ev: &AuditEvent) -> String {
     ] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
+    }
+    // Hashed only when present, so chains written before reasons were recorded still verify.
+    if let Some(reason) = &ev.reason {
+        h.update(b"reason");
+        h.update((reason.len() as u64).to_le_bytes());
+        h.update(reason.as_bytes());
     }
     modelforge_proto::hex(&h.finalize())
 }

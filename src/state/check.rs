@@ -50,6 +50,7 @@ impl State {
         self.check_identities()?;
         self.check_credentials()?;
         self.check_tokens()?;
+        self.check_operators()?;
         let index = self.hostname_index_recomputed();
         if index != self.enabled_by_hostname {
             return Err(format!(

@@ -1,6 +1,7 @@
 //! Commands, the envelope every command travels in, and what applying one answers.
 
 use modelforge_proto::api::ErrorCode as RefusalCode;
+use modelforge_proto::api::Role;
 use modelforge_proto::ids::AllocationId;
 use modelforge_proto::ids::CredentialId;
 use modelforge_proto::ids::HistoryKind;
@@ -40,6 +41,7 @@ pub enum Command {
     },
     CancelToken {
         token_id: TokenId,
+        reason: Option<String>,
     },
     Enroll {
         token_id: TokenId,
@@ -111,6 +113,18 @@ pub enum Command {
         node_id: NodeId,
         reason: String,
     },
+    /// A named operator's token: the argon2id hash of its secret, never the secret.
+    CreateOperator {
+        name: String,
+        role: Role,
+        token_id: String,
+        hash: String,
+        reason: Option<String>,
+    },
+    DeleteOperator {
+        name: String,
+        reason: Option<String>,
+    },
 }
 
 impl Command {
@@ -131,6 +145,20 @@ impl Command {
             Command::SmokeResult { .. } => "smoke.result",
             Command::PreviewDecommission { .. } => "node.decommission.preview",
             Command::ExecuteDecommission { .. } => "node.decommission.execute",
+            Command::CreateOperator { .. } => "operator.create",
+            Command::DeleteOperator { .. } => "operator.delete",
+        }
+    }
+
+    /// The reason an audit row of this command carries.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Command::RevokeCredentials { reason, .. }
+            | Command::ExecuteDecommission { reason, .. } => Some(reason),
+            Command::CancelToken { reason, .. }
+            | Command::CreateOperator { reason, .. }
+            | Command::DeleteOperator { reason, .. } => reason.as_deref(),
+            _ => None,
         }
     }
 
@@ -149,9 +177,13 @@ impl Command {
     pub fn audit_target(&self, result: &ApplyResult) -> String {
         match (self, result) {
             (_, Ok(Outcome::Enrolled { node_id, .. })) => node_id.to_string(),
-            (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id }, _) => {
+            (Command::CreateToken { token_id, .. } | Command::CancelToken { token_id, .. }, _) => {
                 token_id.to_string()
             }
+            (Command::CreateOperator { name, role, .. }, _) => {
+                format!("operator:{name} role:{}", role.as_str())
+            }
+            (Command::DeleteOperator { name, .. }, _) => format!("operator:{name}"),
             (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
             (Command::Allocate { node_id, .. }, _) => node_id.to_string(),
             (Command::Release { allocation_id }, _) => allocation_id.to_string(),
@@ -235,6 +267,13 @@ pub enum Outcome {
         node_id: NodeId,
         decommissioned_at_ms: i64,
         effects: Box<DecommissionEffects>,
+    },
+    OperatorCreated {
+        name: String,
+        created_at_ms: i64,
+    },
+    OperatorDeleted {
+        name: String,
     },
 }
 

@@ -24,6 +24,7 @@
 //! - `dedup.rs`: the request-id table;
 //! - `hostnames.rs`: the enabled-hostname index;
 //! - `reapply.rs`: restore's re-application of journal facts;
+//! - `operators.rs`: named admin tokens (argon2id hashes only);
 //! - `sched.rs`: allocations and smokes;
 //! - `check.rs`: the invariants.
 
@@ -43,6 +44,7 @@ mod dedup;
 mod enrol;
 mod hostnames;
 mod model;
+pub mod operators;
 mod reapply;
 pub mod sched;
 
@@ -109,6 +111,8 @@ pub struct State {
     /// of every node (an enrolment asks it, and so does every node view). Maintained wherever
     /// a node is created, renamed or disabled (`index_hostname`, `unindex_hostname`).
     pub enabled_by_hostname: BTreeMap<String, BTreeSet<NodeId>>,
+    /// Named operators' tokens by name (`root` is configuration, not here).
+    pub operators: BTreeMap<String, operators::OperatorToken>,
 }
 
 impl State {
@@ -145,6 +149,7 @@ impl State {
                 &env.command.audit_target(&result),
                 outcome,
                 &env.request_id,
+                env.command.reason(),
             );
         }
         // A reused key's refusal is not stored: the key keeps answering its first request.
@@ -171,7 +176,15 @@ impl State {
                 ttl_ms,
                 note,
             } => self.create_token(now, token_id, hash, *ttl_ms, note),
-            Command::CancelToken { token_id } => self.cancel_token(facts, now, token_id),
+            Command::CancelToken { token_id, .. } => self.cancel_token(facts, now, token_id),
+            Command::CreateOperator {
+                name,
+                role,
+                token_id,
+                hash,
+                ..
+            } => self.create_operator(now, &env.actor, name, *role, token_id, hash),
+            Command::DeleteOperator { name, .. } => self.delete_operator(name),
             enroll @ Command::Enroll { .. } => self.enroll(facts, now, enroll),
             Command::RevokeCredentials { node_id, reason } => {
                 self.revoke_node(facts, now, node_id, reason)

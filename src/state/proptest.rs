@@ -5,6 +5,7 @@
 //! difference. A failure prints its seed; `STATE_PROPTEST_SEED=<seed>` replays one sequence and
 //! `STATE_PROPTEST_CASES=<n>` runs more.
 
+use modelforge_proto::api::Role;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::wire::Inventory;
 
@@ -53,7 +54,7 @@ fn command(r: &mut Rng, s: &State) -> Command {
         Some(n) if r.chance(80) => n.clone(),
         _ => r.id("n", 6),
     };
-    match r.below(15) {
+    match r.below(17) {
         0 | 1 => Command::CreateToken {
             token_id: r.id("t", 8),
             hash: "h".into(),
@@ -62,6 +63,7 @@ fn command(r: &mut Rng, s: &State) -> Command {
         },
         2 => Command::CancelToken {
             token_id: r.id("t", 8),
+            reason: None,
         },
         3..=5 => {
             let gpus = r.gpus();
@@ -127,10 +129,22 @@ fn command(r: &mut Rng, s: &State) -> Command {
             preview_id: r.id("p", 6),
             node_id: node(r),
         },
-        _ => Command::ExecuteDecommission {
+        14 => Command::ExecuteDecommission {
             preview_id: r.id("p", 6),
             node_id: node(r),
             reason: "retired".into(),
+        },
+        15 => Command::CreateOperator {
+            // Reserved and untame names too: apply must refuse them.
+            name: ["ops", "viewer-1", "root", "system", "a b"][r.below(5) as usize].into(),
+            role: [Role::Viewer, Role::Operator, Role::Admin][r.below(3) as usize],
+            token_id: r.id("o", 3),
+            hash: r.id("h", 8),
+            reason: r.chance(50).then(|| "why".into()),
+        },
+        _ => Command::DeleteOperator {
+            name: ["ops", "viewer-1", "root"][r.below(3) as usize].into(),
+            reason: None,
         },
     }
 }
@@ -239,6 +253,8 @@ fn random_command_sequences_keep_every_invariant_and_two_replicas_in_step() {
             "SmokeFinished",
             "DecommissionPreviewed",
             "Decommissioned",
+            "OperatorCreated",
+            "OperatorDeleted",
         ] {
             assert!(
                 seen.get(kind).is_some_and(|n| *n > 0),

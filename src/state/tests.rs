@@ -237,6 +237,7 @@ fn cancelled_tokens_are_refused_and_claimed_ones_cannot_be_cancelled() {
             1001,
             Command::CancelToken {
                 token_id: "t1".into(),
+                reason: None,
             },
         ),
     )
@@ -257,7 +258,8 @@ fn cancelled_tokens_are_refused_and_claimed_ones_cannot_be_cancelled() {
                 "c2",
                 1005,
                 Command::CancelToken {
-                    token_id: "t2".into()
+                    token_id: "t2".into(),
+                    reason: None,
                 }
             )
         )
@@ -770,6 +772,7 @@ fn an_idempotency_key_reused_with_another_body_is_refused_and_keeps_its_first_an
             2_000,
             Command::CancelToken {
                 token_id: "t1".into(),
+                reason: None,
             },
         )
     };
@@ -974,4 +977,88 @@ fn a_decommission_reapplied_from_the_journal_ends_where_executing_it_did() {
         assert_eq!(restored.enabled_by_hostname, s.enabled_by_hostname);
         assert!(!restored.sched.smoke_required.contains("n1"));
     }
+}
+
+#[test]
+fn operators_are_named_once_keep_only_a_hash_and_reasons_reach_the_audit_trail() {
+    use modelforge_proto::api::Role;
+    let mut s = State::default();
+    let mk = |name: &str, token_id: &str| Command::CreateOperator {
+        name: name.into(),
+        role: Role::Viewer,
+        token_id: token_id.into(),
+        hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".into(),
+        reason: Some("night shift".into()),
+    };
+    let at = |s: &mut State, id: &str, i: u64, cmd: Command| {
+        s.apply(
+            i,
+            &Envelope {
+                request_id: id.into(),
+                now_ms: 1000 + i as i64,
+                actor: "root".into(),
+                command: cmd,
+            },
+        )
+        .result
+    };
+    assert!(at(&mut s, "r1", 1, mk("ops", "id1")).is_ok());
+    assert_eq!(
+        at(&mut s, "r2", 2, mk("ops", "id2")).unwrap_err().code,
+        RefusalCode::OperatorExists
+    );
+    assert_eq!(
+        at(&mut s, "r3", 3, mk("other", "id1")).unwrap_err().code,
+        RefusalCode::OperatorExists,
+        "one token id names one operator"
+    );
+    for bad in ["root", "system", "a b", ""] {
+        assert_eq!(
+            at(&mut s, &format!("bad-{bad}"), 4, mk(bad, "id9"))
+                .unwrap_err()
+                .code,
+            RefusalCode::InvalidOperatorName
+        );
+    }
+    let o = s.operator_by_token_id("id1").unwrap();
+    assert_eq!((o.name.as_str(), o.created_by.as_str()), ("ops", "root"));
+    assert_eq!(
+        at(
+            &mut s,
+            "d0",
+            5,
+            Command::DeleteOperator {
+                name: "root".into(),
+                reason: None
+            }
+        )
+        .unwrap_err()
+        .code,
+        RefusalCode::RootTokenFixed
+    );
+    at(
+        &mut s,
+        "d1",
+        6,
+        Command::DeleteOperator {
+            name: "ops".into(),
+            reason: Some("left the team".into()),
+        },
+    )
+    .unwrap();
+    assert!(s.operator_by_token_id("id1").is_none());
+    let last = s.audit.last().unwrap();
+    assert_eq!(
+        (
+            last.actor.as_str(),
+            last.action.as_str(),
+            last.reason.as_deref()
+        ),
+        ("root", "operator.delete", Some("left the team"))
+    );
+    s.check().unwrap();
+    // The reason is part of the chain: editing it breaks verification.
+    let mut edited = s.audit.clone();
+    edited.last_mut().unwrap().reason = Some("routine".into());
+    assert!(verify_audit_chain(&edited).is_err());
 }

@@ -70,6 +70,7 @@ async fn one(nodes: usize, shards: usize) {
                 new_node_id: format!("{i:08x}-0000-4000-8000-000000000000").into(),
                 credential_id: format!("{:032x}", i + (1 << 40)).into(),
                 credential_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(),
+                proof_signed_at_ms: 1,
             },
         ] {
             idx += 1;

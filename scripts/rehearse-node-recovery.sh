@@ -82,7 +82,8 @@ export MF_IMAGE=modelforge-rehearsal:$PROJECT
 export MF_DATA=$WORK/data
 MF_USER="$(id -u):$(id -g)"
 MF_ADMIN_TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-export MF_USER MF_ADMIN_TOKEN
+MF_CLUSTER_SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export MF_USER MF_ADMIN_TOKEN MF_CLUSTER_SECRET
 export MF_ENROLLMENT_TOKEN=
 ADMIN=$MF_ADMIN_TOKEN
 mkdir -p "$MF_DATA"/{m1,m2,m3,agent}

@@ -4,8 +4,14 @@
 //!
 //! ```text
 //! "MFBACKUP" | format (1 byte) | header length (u32 LE) | header (JSON) |
-//! payload length (u64 LE) | payload (the State, through raft::codec) | SHA-256 of all before
+//! payload length (u64 LE) | payload (the State, through raft::codec) | SHA-256 of all before |
+//! HMAC-SHA256 of all before, keyed by the cluster secret
 //! ```
+//!
+//! The checksum tells a damaged file (truncated, a flipped byte) from a forged one; the MAC
+//! makes an edited file whose checksum was recomputed fail: only a holder of the cluster secret
+//! can write a backup that restores (a stolen backup holds hashes only, and a forged one could
+//! bring back a revoked credential or a spent token).
 //!
 //! The header says where the backup came from (cluster, committed index, time, counts, the
 //! state's digest) so that an operator can read it without decoding the payload. The state
@@ -33,7 +39,23 @@ use crate::state::State;
 use modelforge_proto::ids::NodeId;
 
 const MAGIC: &[u8; 8] = b"MFBACKUP";
-const FORMAT: u8 = 1;
+/// 2: the MAC trailer.
+const FORMAT: u8 = 2;
+/// Bytes of the trailer: the checksum, then the MAC.
+const TRAILER: usize = 32 + 32;
+/// The MAC's domain: no other MAC keyed by the cluster secret can pass for a backup's.
+const MAC_DOMAIN: &[u8] = b"modelforge backup mac v2\0";
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+fn mac(secret: &str, bytes: &[u8]) -> HmacSha256 {
+    use hmac::KeyInit;
+    use hmac::Mac;
+    let mut m = HmacSha256::new_from_slice(secret.as_bytes()).expect("hmac takes any key length");
+    m.update(MAC_DOMAIN);
+    m.update(bytes);
+    m
+}
 /// The base state of a restored member, inside its data dir.
 pub const BASE_FILE: &str = "restore/base.state";
 /// What the restore did, for operators (JSON).
@@ -58,14 +80,21 @@ pub struct Header {
     pub payload_bytes: u64,
 }
 
-/// Encode a backup of `state`.
-pub fn encode(state: &State, cluster: &str, member: u64, now_ms: i64) -> Vec<u8> {
+/// Encode a backup of `state`, authenticated with the cluster `secret`.
+pub fn encode(state: &State, cluster: &str, member: u64, now_ms: i64, secret: &str) -> Vec<u8> {
     let payload = modelforge_raft::codec::encode(state).unwrap_or_default();
-    frame(state, &payload, cluster, member, now_ms)
+    frame(state, &payload, cluster, member, now_ms, secret)
 }
 
 /// A backup file around an encoded `payload` (of `state`).
-fn frame(state: &State, payload: &[u8], cluster: &str, member: u64, now_ms: i64) -> Vec<u8> {
+fn frame(
+    state: &State,
+    payload: &[u8],
+    cluster: &str,
+    member: u64,
+    now_ms: i64,
+    secret: &str,
+) -> Vec<u8> {
     let header = Header {
         format: FORMAT,
         cluster: cluster.to_string(),
@@ -95,12 +124,36 @@ fn frame(state: &State, payload: &[u8], cluster: &str, member: u64, now_ms: i64)
     out.extend_from_slice(payload);
     let sum = sha2::Sha256::digest(&out);
     out.extend_from_slice(&sum);
+    let tag = hmac::Mac::finalize(mac(secret, &out)).into_bytes();
+    out.extend_from_slice(&tag);
     out
 }
 
-/// Check and decode a backup: magic, format, checksum, then the payload's digest.
-pub fn decode(bytes: &[u8]) -> anyhow::Result<(Header, State)> {
-    if bytes.len() < MAGIC.len() + 1 + 4 + 8 + 32 || &bytes[..8] != MAGIC {
+/// Check and decode a backup: its framing (see [`inspect`]), the MAC with the cluster
+/// `secret`, then the payload; the payload's decoding is bounded (see `raft::codec`).
+pub fn decode(bytes: &[u8], secret: &str) -> anyhow::Result<(Header, State)> {
+    let framed = frame_of(bytes, Some(secret))?;
+    let state: State = modelforge_raft::codec::decode(framed.payload)
+        .map_err(|e| anyhow::anyhow!("backup payload does not decode: {e}"))?;
+    Ok((framed.header, state))
+}
+
+/// Check a backup's framing without the cluster secret (what `modelforge admin backup` can do
+/// on receipt): magic, format, checksum, header and the payload's digest. Not its MAC: only a
+/// restore, which holds the secret, can tell an authentic backup from a forged one.
+pub fn inspect(bytes: &[u8]) -> anyhow::Result<Header> {
+    Ok(frame_of(bytes, None)?.header)
+}
+
+struct Framed<'a> {
+    header: Header,
+    payload: &'a [u8],
+}
+
+/// Check the framing; with a `secret`, the MAC right after the checksum, before anything of
+/// the content is read.
+fn frame_of<'a>(bytes: &'a [u8], secret: Option<&str>) -> anyhow::Result<Framed<'a>> {
+    if bytes.len() < MAGIC.len() + 1 + 4 + 8 + TRAILER || &bytes[..8] != MAGIC {
         bail!("not a ModelForge backup (bad magic or too short)");
     }
     if bytes[8] != FORMAT {
@@ -109,28 +162,62 @@ pub fn decode(bytes: &[u8]) -> anyhow::Result<(Header, State)> {
             bytes[8]
         );
     }
-    let (body, sum) = bytes.split_at(bytes.len() - 32);
+    let (summed, tag) = bytes.split_at(bytes.len() - 32);
+    let (body, sum) = summed.split_at(summed.len() - 32);
     if sha2::Sha256::digest(body).as_slice() != sum {
         bail!("backup checksum mismatch: the file is truncated or corrupted");
     }
+    if let Some(secret) = secret
+        && hmac::Mac::verify_slice(mac(secret, summed), tag).is_err()
+    {
+        bail!(
+            "backup MAC does not verify with this cluster secret: the file was edited, or it was taken by a cluster with another secret"
+        );
+    }
     let hlen = u32::from_le_bytes(body[9..13].try_into().expect("4 bytes")) as usize;
     let rest = body.get(13..).unwrap_or_default();
-    if rest.len() < hlen + 8 {
+    if rest.len() < hlen.saturating_add(8) {
         bail!("backup header length is out of range");
     }
     let header: Header =
         serde_json::from_slice(&rest[..hlen]).context("backup header is not valid JSON")?;
-    let plen = u64::from_le_bytes(rest[hlen..hlen + 8].try_into().expect("8 bytes")) as usize;
+    let plen = u64::from_le_bytes(rest[hlen..hlen + 8].try_into().expect("8 bytes"));
     let payload = &rest[hlen + 8..];
-    if payload.len() != plen || plen as u64 != header.payload_bytes {
+    if payload.len() as u64 != plen || plen != header.payload_bytes {
         bail!("backup payload length does not match its header");
     }
     if modelforge_proto::hex(&sha2::Sha256::digest(payload)) != header.state_digest {
         bail!("backup payload digest does not match its header");
     }
-    let state: State = modelforge_raft::codec::decode(payload)
-        .map_err(|e| anyhow::anyhow!("backup payload does not decode: {e}"))?;
-    Ok((header, state))
+    Ok(Framed { header, payload })
+}
+
+/// Every stored hash is an argon2id PHC string with parameters in range (`secrets::check_phc`):
+/// a restored cluster never computes a hash that asks for gigabytes. Names the row, never the
+/// hash.
+fn check_hashes(state: &State) -> anyhow::Result<()> {
+    let rows = state
+        .credentials
+        .iter()
+        .map(|(id, c)| ("credential", id.to_string(), &c.hash))
+        .chain(
+            state
+                .tokens
+                .iter()
+                .map(|(id, t)| ("enrolment token", id.to_string(), &t.hash)),
+        )
+        .chain(
+            state
+                .operators
+                .values()
+                .map(|o| ("operator token", o.name.clone(), &o.hash)),
+        );
+    for (kind, id, hash) in rows {
+        if let Err(why) = crate::secrets::check_phc(hash) {
+            bail!("backup refused: the stored hash of {kind} {id} is not acceptable ({why})");
+        }
+    }
+    Ok(())
 }
 
 /// The outcome of preparing a restored data dir.
@@ -178,10 +265,12 @@ pub fn prepare(
     from: &Path,
     data_dir: &Path,
     journals: &[PathBuf],
+    secret: &str,
 ) -> anyhow::Result<RestoreReport> {
     let bytes =
         std::fs::read(from).with_context(|| format!("read the backup {}", from.display()))?;
-    let (header, mut state) = decode(&bytes)?;
+    let (header, mut state) = decode(&bytes, secret)?;
+    check_hashes(&state)?;
     if data_dir.join("raft").exists() || data_dir.join(BASE_FILE).exists() {
         bail!(
             "{} already holds a member's state: restore into a fresh data dir",
@@ -286,11 +375,13 @@ mod tests {
         }
     }
 
+    const SECRET: &str = "unit-test-cluster-secret";
+
     #[test]
     fn a_backup_round_trips_and_any_flipped_byte_is_refused() {
         let s = sample();
-        let bytes = encode(&s, "c", 1, 1_000);
-        let (h, back) = decode(&bytes).unwrap();
+        let bytes = encode(&s, "c", 1, 1_000, SECRET);
+        let (h, back) = decode(&bytes, SECRET).unwrap();
         assert_eq!(back, s);
         assert_eq!(h.applied_index, 7);
         // Each damage is refused, and the reason names it (an operator must tell a file that
@@ -301,30 +392,86 @@ mod tests {
             (8, "backup format"),
             (12, checksum),
             (bytes.len() / 2, checksum),
-            (bytes.len() - 1, checksum),
+            (bytes.len() - 33, checksum),
+            (bytes.len() - 1, "backup MAC does not verify"),
         ] {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
-            let e = decode(&bad).expect_err(&format!("flipped byte {i} was accepted"));
+            let e = decode(&bad, SECRET).expect_err(&format!("flipped byte {i} was accepted"));
             assert!(e.to_string().starts_with(why), "byte {i}: {e}");
         }
-        let e = decode(&bytes[..bytes.len() - 1]).unwrap_err();
+        let e = decode(&bytes[..bytes.len() - 1], SECRET).unwrap_err();
         assert_eq!(e.to_string(), checksum);
+    }
+
+    /// An edited backup whose checksum was recomputed, or a backup checked with another
+    /// cluster's secret, is refused by its MAC.
+    #[test]
+    fn an_edited_backup_with_a_recomputed_checksum_is_refused() {
+        let s = sample();
+        let bytes = encode(&s, "c", 1, 1_000, SECRET);
+        let mac_refusal = "backup MAC does not verify";
+        let e = decode(&bytes, "another-cluster-secret-0123").unwrap_err();
+        assert!(e.to_string().starts_with(mac_refusal), "{e}");
+        // Edit the state (a later clock) and recompute the payload digest, the header and the
+        // checksum, as an attacker without the secret can.
+        let mut edited = s.clone();
+        edited.clock_ms += 1;
+        let payload = modelforge_raft::codec::encode(&edited).unwrap();
+        let forged = frame(&edited, &payload, "c", 1, 1_000, "a guess at the secret");
+        let e = decode(&forged, SECRET).unwrap_err();
+        assert!(e.to_string().starts_with(mac_refusal), "{e}");
+        // The same file, checksum recomputed over a flipped payload byte.
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n / 2] ^= 1;
+        let sum = sha2::Sha256::digest(&bad[..n - TRAILER]);
+        bad[n - TRAILER..n - 32].copy_from_slice(&sum);
+        let e = decode(&bad, SECRET).unwrap_err();
+        assert!(e.to_string().starts_with(mac_refusal), "{e}");
+    }
+
+    /// A backup (with a valid MAC) holding a hash whose argon2 parameters are out of range
+    /// is refused at restore, naming the row and not the hash.
+    #[test]
+    fn a_backup_holding_a_hash_out_of_range_is_refused_at_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = sample();
+        let phc = "$argon2id$v=19$m=4194304,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g";
+        s.operators.insert(
+            "ops".into(),
+            crate::state::operators::OperatorToken {
+                name: "ops".into(),
+                role: modelforge_proto::api::Role::Viewer,
+                token_id: "id".into(),
+                hash: phc.into(),
+                created_at_ms: 1,
+                created_by: "root".into(),
+            },
+        );
+        let file = dir.path().join("b.mfbackup");
+        std::fs::write(&file, encode(&s, "c", 1, 1_000, SECRET)).unwrap();
+        let e = prepare(&file, &dir.path().join("m1"), &[], SECRET)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("operator token ops"), "{e}");
+        assert!(!e.contains("4194304,t=2"), "{e}");
+        assert!(!dir.path().join("m1").join(BASE_FILE).exists());
     }
 
     #[test]
     fn restore_refuses_a_used_data_dir_and_says_when_no_journal_was_given() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("b.mfbackup");
-        std::fs::write(&file, encode(&sample(), "c", 1, 1_000)).unwrap();
+        std::fs::write(&file, encode(&sample(), "c", 1, 1_000, SECRET)).unwrap();
         let data = dir.path().join("m1");
-        let r = prepare(&file, &data, &[]).unwrap();
+        let r = prepare(&file, &data, &[], SECRET).unwrap();
         assert!(r.warnings[0].contains("NO REVOCATION JOURNAL"));
         assert!(r.cluster.starts_with("restored-"));
         let (base, cluster) = load_base(&data).unwrap();
         assert_eq!(cluster, r.cluster);
         assert_eq!(base.clock_ms, 42);
-        let e = prepare(&file, &data, &[]).unwrap_err();
+        let e = prepare(&file, &data, &[], SECRET).unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
@@ -341,8 +488,8 @@ mod tests {
         let state = sample();
         let mut payload = modelforge_raft::codec::encode(&state).unwrap();
         payload[0] = modelforge_raft::codec::FORMAT_VERSION - 1;
-        let bytes = frame(&state, &payload, "c", 1, 1_000);
-        let e = decode(&bytes).unwrap_err().to_string();
+        let bytes = frame(&state, &payload, "c", 1, 1_000, SECRET);
+        let e = decode(&bytes, SECRET).unwrap_err().to_string();
         assert_eq!(
             e,
             format!(

@@ -70,6 +70,11 @@ pub struct RestoreArgs {
     /// The restored cluster's membership (only echoed in the `serve` command printed).
     #[arg(long = "peer", value_name = "ID=URL")]
     pub peers: Vec<String>,
+    /// The cluster secret of the cluster the backup was taken from (else
+    /// `MODELFORGE_CLUSTER_SECRET`): the backup's MAC must verify with it. A single member
+    /// started without one uses its admin token (`<data-dir>/admin.token`).
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -123,7 +128,12 @@ impl ServeConfig {
 
 /// `modelforge restore`.
 pub fn restore(args: &RestoreArgs) -> anyhow::Result<()> {
-    let r = crate::backup::prepare(&args.from, &args.data_dir, &args.journals)?;
+    let secret = cluster_secret(args.cluster_secret_file.as_deref())?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "restore needs the cluster secret the backup was taken with, to check its MAC: set MODELFORGE_CLUSTER_SECRET or pass --cluster-secret-file (a single member started without one uses its admin token file)"
+        )
+    })?;
+    let r = crate::backup::prepare(&args.from, &args.data_dir, &args.journals, &secret)?;
     let b = &r.backup;
     println!(
         "restored backup of cluster {:?} taken at {} (index {}, {} nodes, {} active credentials, {} tokens)",
@@ -361,16 +371,21 @@ impl ServeArgs {
         if self.offline_after <= self.stale_after {
             bail!("--offline-after must be longer than --stale-after");
         }
-        std::fs::create_dir_all(&self.data_dir)
-            .with_context(|| format!("create {}", self.data_dir.display()))?;
+        private_dir(&self.data_dir)?;
         let admin_token = admin_token(&self.data_dir, self.admin_token_file.as_deref())?;
-        let cluster_secret = match std::env::var("MODELFORGE_CLUSTER_SECRET") {
-            Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
-            _ => match &self.cluster_secret_file {
-                Some(p) => read_secret_file(p)?,
-                None => admin_token.clone(),
-            },
+        let cluster_secret = match cluster_secret(self.cluster_secret_file.as_deref())? {
+            Some(s) => s,
+            None if peers.len() > 1 => bail!(
+                "a member of a {}-member cluster needs a cluster secret of its own, the same on every member: set MODELFORGE_CLUSTER_SECRET or pass --cluster-secret-file",
+                peers.len()
+            ),
+            None => admin_token.clone(),
         };
+        if peers.len() > 1 && crate::secrets::same_secret(&cluster_secret, &admin_token) {
+            bail!(
+                "the cluster secret (MODELFORGE_CLUSTER_SECRET or --cluster-secret-file) must differ from the admin token: whoever holds an operator's token must not be able to speak as a member"
+            );
+        }
         let election = self.raft_election_timeout.as_millis() as u64;
         Ok(ServeConfig {
             node_id: self.node_id,
@@ -380,8 +395,8 @@ impl ServeArgs {
             data_dir: self.data_dir,
             peers,
             peer_routes,
-            admin_token,
-            cluster_secret,
+            admin_token: admin_token.into(),
+            cluster_secret: cluster_secret.into(),
             hash_params: HashParams {
                 m_kib: self.hash.argon2_m_kib,
                 t: self.hash.argon2_t,
@@ -420,24 +435,61 @@ impl ServeArgs {
     }
 }
 
+/// Everything a member or a restore writes from here on is readable by its user only: files
+/// 0600, directories 0700 (Raft log and vote, snapshots, journal, base state, keys). The data
+/// dir itself is made 0700 at start (`into_config`), which also covers files written by older
+/// builds.
+pub fn private_files() -> anyhow::Result<()> {
+    // SAFETY: umask only sets the process's file mode creation mask; it cannot fail.
+    unsafe { libc::umask(0o077) };
+    Ok(())
+}
+
+/// Make `dir` (created if needed) accessible to its owner only.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("make {} private (0700)", dir.display()))
+}
+
+/// The shortest secret a member accepts, from a file or the environment alike.
+pub const SECRET_MIN_LEN: usize = 16;
+
 fn read_secret_file(path: &Path) -> anyhow::Result<String> {
     let s = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let s = s.trim().to_string();
-    if s.len() < 16 {
-        bail!(
-            "{}: a secret must be at least 16 characters",
-            path.display()
-        );
+    checked_secret(&path.display().to_string(), &s)
+}
+
+/// `value`, trimmed, if it is long enough to be a secret; `source` names where it came from.
+fn checked_secret(source: &str, value: &str) -> anyhow::Result<String> {
+    let s = value.trim();
+    if s.len() < SECRET_MIN_LEN {
+        bail!("{source}: a secret must be at least {SECRET_MIN_LEN} characters");
     }
-    Ok(s)
+    Ok(s.to_string())
+}
+
+/// A secret from the environment variable `var` (set and non-empty), checked like a file's.
+fn env_secret(var: &str) -> anyhow::Result<Option<String>> {
+    match std::env::var(var) {
+        Ok(s) if !s.trim().is_empty() => checked_secret(var, &s).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The cluster secret: `MODELFORGE_CLUSTER_SECRET`, else the file, else none.
+pub fn cluster_secret(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    if let Some(s) = env_secret("MODELFORGE_CLUSTER_SECRET")? {
+        return Ok(Some(s));
+    }
+    file.map(read_secret_file).transpose()
 }
 
 /// `MODELFORGE_ADMIN_TOKEN`, else the token file, else a new random token written there (0600).
 fn admin_token(data_dir: &Path, file: Option<&Path>) -> anyhow::Result<String> {
-    if let Ok(t) = std::env::var("MODELFORGE_ADMIN_TOKEN")
-        && !t.trim().is_empty()
-    {
-        return Ok(t.trim().to_string());
+    if let Some(t) = env_secret("MODELFORGE_ADMIN_TOKEN")? {
+        return Ok(t);
     }
     let path = file
         .map(Path::to_path_buf)

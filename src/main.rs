@@ -19,12 +19,16 @@ async fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Admin(args) => std::process::exit(modelforge::admin_cli::run(*args).await),
-        Cmd::Serve(args) => match (*args).into_config() {
+        Cmd::Serve(args) => match modelforge::cli::private_files()
+            .and_then(|()| (*args).into_config())
+        {
             Ok(cfg) => modelforge::server::serve(cfg, shutdown_signal()).await,
             Err(e) => Err(e),
         },
         Cmd::Argon2Bench(args) => modelforge::cli::argon2_bench(&args),
-        Cmd::Restore(args) => modelforge::cli::restore(&args),
+        Cmd::Restore(args) => {
+            modelforge::cli::private_files().and_then(|()| modelforge::cli::restore(&args))
+        }
         Cmd::Cluster(modelforge::cli::ClusterCmd::InitCa { out }) => modelforge::tls::init_ca(&out)
             .map(|()| {
                 println!(

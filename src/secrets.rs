@@ -40,6 +40,53 @@ impl Default for HashParams {
     }
 }
 
+/// The argon2id parameters a member uses or believes: memory in KiB, iterations and lanes.
+/// A stored hash carries its own parameters, and verifying it costs what they say; one with
+/// parameters outside these ranges (an edited backup, a forged entry) is never computed, so no
+/// hash can make a check allocate gigabytes or run for minutes.
+pub const M_KIB_RANGE: std::ops::RangeInclusive<u32> = 8..=262_144;
+pub const T_RANGE: std::ops::RangeInclusive<u32> = 1..=16;
+pub const P_RANGE: std::ops::RangeInclusive<u32> = 1..=16;
+
+impl HashParams {
+    /// Refuse parameters outside the allowed ranges.
+    pub fn check(&self) -> Result<(), String> {
+        let (m, t, p) = (self.m_kib, self.t, self.p);
+        if !M_KIB_RANGE.contains(&m) || !T_RANGE.contains(&t) || !P_RANGE.contains(&p) {
+            return Err(format!(
+                "argon2id parameters m={m} KiB, t={t}, p={p} are outside the allowed ranges (m {}..={} KiB, t {}..={}, p {}..={})",
+                M_KIB_RANGE.start(),
+                M_KIB_RANGE.end(),
+                T_RANGE.start(),
+                T_RANGE.end(),
+                P_RANGE.start(),
+                P_RANGE.end()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Check a stored PHC string: argon2id, version 0x13, parameters in range. Never echoes the
+/// string (it holds a hash).
+pub fn check_phc(phc: &str) -> Result<(), String> {
+    let hash = argon2::password_hash::phc::PasswordHash::new(phc)
+        .map_err(|e| format!("not a PHC string: {e}"))?;
+    if hash.algorithm.as_str() != "argon2id" {
+        return Err(format!("algorithm {} is not argon2id", hash.algorithm));
+    }
+    if hash.version != Some(0x13) {
+        return Err("not argon2 version 0x13".to_string());
+    }
+    let params = argon2::Params::try_from(&hash).map_err(|e| format!("parameters: {e}"))?;
+    HashParams {
+        m_kib: params.m_cost(),
+        t: params.t_cost(),
+        p: params.p_cost(),
+    }
+    .check()
+}
+
 /// How many secret checks may wait for an argon2 worker on a member before the next is refused.
 pub const MAX_WAITING: usize = 4096;
 
@@ -56,6 +103,7 @@ pub struct Hasher {
 
 impl Hasher {
     pub fn new(params: &HashParams, workers: usize, max_waiting: usize) -> anyhow::Result<Self> {
+        params.check().map_err(anyhow::Error::msg)?;
         let params = argon2::Params::new(params.m_kib, params.t, params.p, None)
             .map_err(|e| anyhow::anyhow!("argon2 parameters: {e}"))?;
         Ok(Self {
@@ -135,6 +183,11 @@ impl Hasher {
         secret: String,
         started: &AtomicBool,
     ) -> Result<bool, ApiError> {
+        // A stored hash whose parameters are out of range is refused before any work.
+        if let Err(why) = check_phc(&phc) {
+            tracing::warn!(%why, "a stored hash was refused without computing it");
+            return Ok(false);
+        }
         self.run_marking(
             move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok(),
             Some(started),
@@ -335,6 +388,38 @@ mod tests {
         assert!(h.verify(phc.clone(), "mfnc_secret".into()).await.unwrap());
         assert!(!h.verify(phc, "mfnc_other".into()).await.unwrap());
         assert!(!h.verify("not a phc".into(), "x".into()).await.unwrap());
+    }
+
+    /// A stored hash asking for 4 GiB, a million passes or another algorithm is refused
+    /// without computing it, and so are such parameters at start.
+    #[tokio::test]
+    async fn a_hash_with_parameters_out_of_range_is_refused_without_computing_it() {
+        let h = small();
+        let phc = h.hash("mfnc_secret".into()).await.unwrap();
+        assert_eq!(check_phc(&phc), Ok(()));
+        let params = phc.split('$').nth(3).unwrap().to_string();
+        let before = h.verify_count();
+        for forged in [
+            phc.replace(&params, "m=4194304,t=2,p=1"),
+            phc.replace(&params, "m=64,t=1000000,p=1"),
+            phc.replace(&params, "m=64,t=1,p=64"),
+            phc.replace("$argon2id$", "$argon2i$"),
+            phc.replace("$v=19$", "$v=16$"),
+        ] {
+            assert!(check_phc(&forged).is_err(), "{forged}");
+            assert!(!h.verify(forged, "mfnc_secret".into()).await.unwrap());
+        }
+        assert_eq!(
+            h.verify_count(),
+            before,
+            "an out-of-range hash was computed"
+        );
+        let huge = HashParams {
+            m_kib: 4 << 20,
+            t: 1,
+            p: 1,
+        };
+        assert!(Hasher::new(&huge, 1, 1).is_err());
     }
 
     #[tokio::test]

@@ -547,6 +547,7 @@ mod tests {
                 new_node_id: format!("n{i}").into(),
                 credential_id: format!("c{i}").into(),
                 credential_hash: "x".into(),
+                proof_signed_at_ms: 1,
             });
         }
         app

@@ -157,6 +157,48 @@ async fn a_single_member_restarted_keeps_its_state() {
     assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![200]);
 }
 
+/// A captured enrolment request replayed byte for byte (the same identity proof) claims
+/// nothing, though it carries a valid token and a valid signature within the clock window:
+/// before this, it was taken for a retry of the claim and answered with a fresh credential,
+/// revoking the real agent's. A retry signed later is still a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_enrolment_replayed_byte_for_byte_claims_nothing() {
+    let mut c = Cluster::start(1).await;
+    let token = c.new_token(600).await;
+    let key = IdentityKey::generate();
+    let signed = |at: i64| {
+        json!({
+            "token": token,
+            "hostname": "gpu-replay",
+            "identity": key.prove(&token[5..37], "gpu-replay", at, None),
+            "inventory": {"accelerators": [], "storage_roots": []},
+        })
+    };
+    let url = format!("{}/api/v1/agent/enroll", c.url(1));
+    let captured = signed(modelforge_proto::now_ms());
+    let (s, first) = call("POST", &url, None, Some(captured.clone())).await;
+    assert_eq!(s, 201, "{first}");
+    let first: EnrollResponse = typed("an enrolment", &first);
+    let (s, v) = call("POST", &url, None, Some(captured)).await;
+    assert_eq!(refused(s, &v), (401, "token_already_claimed"), "{v}");
+    // An older proof than the one accepted is refused too.
+    let (s, v) = call(
+        "POST",
+        &url,
+        None,
+        Some(signed(modelforge_proto::now_ms() - 60_000)),
+    )
+    .await;
+    assert_eq!(refused(s, &v), (401, "token_already_claimed"), "{v}");
+    assert_eq!(
+        c.heartbeat_all(first.node_id.as_str(), &first.credential)
+            .await,
+        vec![200],
+        "the real agent's credential survives the replay"
+    );
+    assert_eq!(c.nodes("").await.len(), 1);
+}
+
 /// The leader died after committing a claim but before replying: the agent's retry of the same
 /// claim (same identity, same token) lands on the same node id; another identity cannot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

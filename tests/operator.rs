@@ -38,6 +38,65 @@ async fn admin_json(urls: &str, args: &[&str]) -> (i32, Value) {
     (code, v)
 }
 
+/// The agent command `enrollments create` prints, run as printed (paths moved into the test's
+/// scratch dir), enrols a node: the token reaches the agent through a 0600 file, never argv.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_agent_command_enrols_with_the_token_in_a_file() {
+    let c = Cluster::start(1).await;
+    let urls = c.urls().join(",");
+    let (code, out, err) = admin_cli(&urls, &["enrollments", "create", "--note", "printed"]).await;
+    assert_eq!(code, 0, "{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token (shown once): "))
+        .expect("the token line")
+        .to_string();
+    let script: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("on the node, run:"))
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(script.len(), 2, "{out}");
+    let agent_line = script[1];
+    assert!(agent_line.starts_with("modelforge-agent "), "{out}");
+    assert!(!agent_line.contains(&token), "the token is in argv: {out}");
+    assert!(agent_line.contains("--ca-cert-hash sha256:"), "{out}");
+    let dir = c.root().join("printed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let local = |l: &str| l.replace("/var/lib/", &format!("{}/", dir.display()));
+    let sh = format!(
+        "{}\nexec {} {} --gpu-source simulated:1 --hostname printed --heartbeat-interval 300ms",
+        local(script[0]),
+        agent_bin().display(),
+        local(agent_line.strip_prefix("modelforge-agent ").unwrap())
+    );
+    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+    let mut child = KillOnDrop(
+        std::process::Command::new("sh")
+            .args(["-c", &sh])
+            .env("MODELFORGE_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let token_file = dir.join("modelforge-agent.token");
+    wait_until("the printed agent to enrol", WAIT, || async {
+        std::fs::metadata(dir.join("modelforge-agent").join("credential"))
+            .is_ok_and(|m| m.len() > 0)
+            .then_some(())
+    })
+    .await;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let args = std::fs::read_to_string(format!("/proc/{}/cmdline", child.0.id())).unwrap();
+    assert!(!args.contains(&token), "the token is in the agent's argv");
+    child.0.kill().ok();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decommission_with_a_stale_preview_then_execute_and_the_identity_never_enrols_again() {
     let mut c = Cluster::start(3).await;

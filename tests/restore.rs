@@ -10,10 +10,15 @@ use std::path::PathBuf;
 use common::*;
 use modelforge_proto::api;
 
-/// `modelforge restore ...`: (exit code, stdout + stderr).
+/// `modelforge restore ...` with the cluster's secret: (exit code, stdout + stderr).
 fn restore(from: &Path, data_dir: &Path, journals: &[PathBuf]) -> (i32, String) {
+    restore_with(CLUSTER_SECRET, from, data_dir, journals)
+}
+
+fn restore_with(secret: &str, from: &Path, data_dir: &Path, journals: &[PathBuf]) -> (i32, String) {
     let mut c = std::process::Command::new(server_bin());
-    c.args(["restore", "--from"])
+    c.env("MODELFORGE_CLUSTER_SECRET", secret)
+        .args(["restore", "--from"])
         .arg(from)
         .arg("--data-dir")
         .arg(data_dir);
@@ -97,6 +102,21 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
         journals.push(old);
     }
 
+    // What a member wrote is its user's alone.
+    for old in &journals {
+        assert_private(old);
+    }
+    // Another cluster's secret (or a forger's) does not restore the backup.
+    let (code, out) = restore_with(
+        "another-cluster-secret-0123456789",
+        &file,
+        &c.root().join("wrong-secret"),
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("backup MAC does not verify"), "{out}");
+    assert!(!c.root().join("wrong-secret").join("restore").exists());
+
     // Without a journal, restore says loudly what it cannot re-apply.
     let (code, out) = restore(&file, &c.root().join("no-journal"), &[]);
     assert_eq!(code, 0, "{out}");
@@ -111,6 +131,9 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
             "{out}"
         );
         assert!(!out.contains("NO REVOCATION JOURNAL"), "{out}");
+    }
+    for id in c.ids.clone() {
+        assert_private(&c.data_dir(id));
     }
     // A restored dir cannot be restored over.
     let (code, out) = restore(&file, &c.data_dir(1), &journals);
@@ -208,7 +231,7 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
     let mut old = KillOnDrop(
         std::process::Command::new(server_bin())
             .args(&args)
-            .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+            .envs(MEMBER_ENV)
             .stderr(std::fs::File::create(c.root().join("old-m2.log")).unwrap())
             .spawn()
             .unwrap(),
@@ -236,15 +259,6 @@ async fn restore_keeps_live_agents_and_every_revocation_made_after_the_backup() 
 }
 
 /// A child process killed when the test ends, also when it panics.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The public id inside a credential (`mfnc_<id>_<secret>_<crc>`).
 fn b_cred_id(cred: &str) -> String {
     cred[5..37].to_string()

@@ -312,6 +312,7 @@ async fn after_a_restore_allocations_wait_for_fresh_nvml_and_are_reconciled_with
     c.kill9(1);
     std::fs::rename(c.data_dir(1), c.root().join("old-m1")).unwrap();
     let out = std::process::Command::new(server_bin())
+        .env("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET)
         .args(["restore", "--from"])
         .arg(&file)
         .arg("--data-dir")

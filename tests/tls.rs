@@ -33,15 +33,7 @@ fn serve(root: &std::path::Path, name: &str, flags: &[&str]) -> (devkit::Proc, u
     ];
     args.extend(flags.iter().map(|f| f.to_string()));
     let log = root.join(format!("{name}.log"));
-    (
-        spawn(
-            &server_bin(),
-            &args,
-            &log,
-            &[("MODELFORGE_ADMIN_TOKEN", ADMIN)],
-        ),
-        port,
-    )
+    (spawn(&server_bin(), &args, &log, &MEMBER_ENV), port)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,9 +144,15 @@ async fn an_agent_pins_the_ca_by_hash_and_sends_no_token_to_another_cluster() {
             .iter()
             .any(|e| e.record.action == "node.enroll")
     );
-    // The right pin enrols, and the agent keeps the CA it verified for later runs.
-    let mut a = Agent::new(c.root(), "right", c.urls()).trust(&["--ca-cert-hash", &pin]);
-    a.start(Some(&issued.token));
+    // The right pin enrols, and the agent keeps the CA it verified for later runs (this one
+    // takes its token in argv, the other way the contract allows).
+    let mut a = Agent::new(c.root(), "right", c.urls()).trust(&[
+        "--ca-cert-hash",
+        &pin,
+        "--enrollment-token",
+        &issued.token,
+    ]);
+    a.start(None);
     a.wait_enrolled(None).await;
     let kept = std::fs::read_to_string(a.state_dir.join("ca.pem")).unwrap();
     assert_eq!(kept, harness_ca().pem);
@@ -207,6 +205,65 @@ async fn a_member_of_a_cluster_without_a_shared_ca_refuses_to_start() {
     assert!(log.contains("modelforge cluster init-ca"), "{log}");
 }
 
+/// A cluster of more than one member refuses to start without a cluster secret of its own
+/// (one equal to the admin token would let every operator speak as a member), and a secret
+/// from the environment must be as long as one from a file.
+#[test]
+fn members_refuse_to_start_without_a_cluster_secret_of_their_own() {
+    let scratch = Scratch::new();
+    let two = [
+        "--insecure-http",
+        "--node-id",
+        "1",
+        "--peer",
+        "1=http://127.0.0.1:1",
+        "--peer",
+        "2=http://127.0.0.1:2",
+    ];
+    let start = |name: &str, flags: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(server_bin())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(scratch.path().join(name))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flags)
+            .env_remove("MODELFORGE_ADMIN_TOKEN")
+            .env_remove("MODELFORGE_CLUSTER_SECRET")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name} started");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = start("none", &two, &[("MODELFORGE_ADMIN_TOKEN", ADMIN)]);
+    assert!(err.contains("MODELFORGE_CLUSTER_SECRET"), "{err}");
+    let err = start(
+        "same",
+        &two,
+        &[
+            ("MODELFORGE_ADMIN_TOKEN", ADMIN),
+            ("MODELFORGE_CLUSTER_SECRET", ADMIN),
+        ],
+    );
+    assert!(err.contains("must differ from the admin token"), "{err}");
+    let err = start(
+        "short",
+        &["--insecure-http"],
+        &[
+            ("MODELFORGE_ADMIN_TOKEN", ADMIN),
+            ("MODELFORGE_CLUSTER_SECRET", "short"),
+        ],
+    );
+    assert!(err.contains("at least 16 characters"), "{err}");
+    let err = start(
+        "short-admin",
+        &["--insecure-http"],
+        &[("MODELFORGE_ADMIN_TOKEN", "short")],
+    );
+    assert!(err.contains("at least 16 characters"), "{err}");
+    assert!(!err.contains("short\n"), "the secret is echoed: {err}");
+}
+
 /// (status, JSON body or Null; status 0: no answer) of one peer call through `client`.
 async fn peer_call(
     client: &reqwest::Client,
@@ -251,8 +308,20 @@ async fn peer_endpoints_take_only_a_current_members_certificate_and_the_cluster_
     // A member's certificate with no header, or with an admin token, an agent's credential,
     // or the old fixed header (the bare derived secret) in it: 401.
     let (_agent, _, credential) = c.enrol_one("a").await;
-    let fixed = modelforge::secrets::peer_token(ADMIN, "");
-    for header in [None, Some(ADMIN.to_string()), Some(credential), Some(fixed)] {
+    let fixed = modelforge::secrets::peer_token(CLUSTER_SECRET, "");
+    // A header signed with a key derived from the admin token: an operator is not a member.
+    let by_operator = modelforge_raft::peer_auth::PeerSigner::new(
+        modelforge::secrets::peer_token(ADMIN, "").as_bytes(),
+        1,
+    )
+    .sign("GET", STATUS, b"", 0);
+    for header in [
+        None,
+        Some(ADMIN.to_string()),
+        Some(credential),
+        Some(fixed),
+        Some(by_operator),
+    ] {
         let (s, v) = status(member_client(Some(1)), header.clone()).await;
         assert_eq!(
             refused(s, &v),
@@ -337,7 +406,7 @@ async fn a_captured_peer_request_replayed_or_altered_is_refused() {
     let (s, v) = peer_call(&me, "POST", &vote, Some(header), body.clone()).await;
     assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
     // Signed 60 s ago with a nonce never seen (a request held back and sent later): 401.
-    let key = modelforge::secrets::peer_token(ADMIN, "");
+    let key = modelforge::secrets::peer_token(CLUSTER_SECRET, "");
     let old = modelforge_raft::peer_auth::PeerSigner::new(key.as_bytes(), 1).sign_at(
         "POST",
         PROPOSE,

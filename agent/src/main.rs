@@ -41,9 +41,17 @@ struct Args {
         default_value = "./modelforge-agent"
     )]
     state_dir: PathBuf,
-    /// Used only when the agent has no working credential.
-    #[arg(long, env = "MODELFORGE_ENROLLMENT_TOKEN", hide_env_values = true)]
-    enrollment_token: Option<String>,
+    /// Used only when the agent has no working credential. Prefer --enrollment-token-file:
+    /// other users of the machine can read a process's arguments.
+    #[arg(long, env = "MODELFORGE_ENROLLMENT_TOKEN", hide_env_values = true, value_parser = parse_token)]
+    enrollment_token: Option<Token>,
+    /// A file holding the enrolment token (read once at start).
+    #[arg(
+        long,
+        env = "MODELFORGE_ENROLLMENT_TOKEN_FILE",
+        conflicts_with = "enrollment_token"
+    )]
+    enrollment_token_file: Option<PathBuf>,
     /// nvml | simulated:<count> | file:<path>
     #[arg(long, env = "MODELFORGE_GPU_SOURCE", default_value = "nvml")]
     gpu_source: String,
@@ -69,6 +77,37 @@ struct Args {
 }
 
 use modelforge_client::Answer as Reply;
+
+/// An enrolment token: redacted from `Debug`, zeroed when dropped.
+#[derive(Clone)]
+struct Token(secrecy::SecretString);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Token {
+    fn expose(&self) -> &str {
+        secrecy::ExposeSecret::expose_secret(&self.0)
+    }
+}
+
+fn parse_token(s: &str) -> Result<Token, String> {
+    Ok(Token(s.trim().to_string().into()))
+}
+
+/// The token from `--enrollment-token-file`: trimmed, never echoed.
+fn read_token_file(path: &std::path::Path) -> anyhow::Result<Token> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow!("read the enrolment token file {}: {e}", path.display()))?;
+    let token = parse_token(&text).map_err(|e| anyhow!(e))?;
+    if token.expose().is_empty() {
+        anyhow::bail!("the enrolment token file {} is empty", path.display());
+    }
+    Ok(token)
+}
 
 /// The control plane, through the failover client the admin CLI uses too.
 struct ControlPlane(modelforge_client::Failover);
@@ -198,7 +237,7 @@ impl Agent {
                             ));
                         }
                     };
-                    let c = self.enroll(&token).await?;
+                    let c = self.enroll(token.expose()).await?;
                     sent_inventory = Some(self.inventory());
                     c
                 }
@@ -338,7 +377,10 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-async fn start(args: Args) -> anyhow::Result<()> {
+async fn start(mut args: Args) -> anyhow::Result<()> {
+    if let Some(path) = args.enrollment_token_file.take() {
+        args.enrollment_token = Some(read_token_file(&path)?);
+    }
     let hostname = args.hostname.clone().unwrap_or_else(machine_hostname);
     if !modelforge_proto::valid_hostname(&hostname) {
         anyhow::bail!("hostname {hostname:?} is not a valid hostname");

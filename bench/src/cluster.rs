@@ -15,6 +15,7 @@ use modelforge_proto::api::ClusterView;
 use serde_json::Value;
 
 pub const ADMIN: &str = "bench-admin-token-0123456789abcdef";
+pub const CLUSTER_SECRET: &str = "bench-cluster-secret-0123456789abcdef";
 
 pub use modelforge_devkit::free_port;
 
@@ -95,6 +96,7 @@ impl Cluster {
         let m = &mut self.members[i];
         let env = [
             ("MODELFORGE_ADMIN_TOKEN", ADMIN),
+            ("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET),
             ("MODELFORGE_LOG", "warn"),
         ];
         let proc = Proc::spawn(&self.bin, &m.args, &env, &m.log, false)

@@ -16,6 +16,8 @@ use modelforge_devkit::Proc;
 use crate::proxy::Proxy;
 
 pub const ADMIN: &str = "chaos-admin-token-0123456789abcdef";
+/// The members' cluster secret (never the admin token); backups are authenticated with it.
+pub const CLUSTER_SECRET: &str = "chaos-cluster-secret-0123456789abcdef";
 
 /// Trouble with the harness itself, never to be reported as a pass or as a violation.
 #[derive(Debug)]
@@ -116,7 +118,10 @@ impl ChaosCluster {
         let proc = Proc::spawn(
             &self.bin,
             &args,
-            &[("MODELFORGE_ADMIN_TOKEN", ADMIN)],
+            &[
+                ("MODELFORGE_ADMIN_TOKEN", ADMIN),
+                ("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET),
+            ],
             &log,
             true,
         )

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use modelforge_chaos::answer::typed;
 use modelforge_chaos::cluster::ADMIN;
+use modelforge_chaos::cluster::CLUSTER_SECRET;
 use modelforge_chaos::cluster::ChaosCluster;
 use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
@@ -260,7 +261,8 @@ async fn a_restore_mid_enrolment_brings_back_no_revoked_credential_and_no_spent_
     }
     for i in 1..=3 {
         let mut cmd = std::process::Command::new(&bin);
-        cmd.args(["restore", "--from"])
+        cmd.env("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET)
+            .args(["restore", "--from"])
             .arg(&file)
             .arg("--data-dir")
             .arg(root.join(format!("m{i}")));

@@ -165,7 +165,8 @@ impl Proc {
             .stderr(file);
         // Secrets reach a child only as the harness passes them, never inherited.
         cmd.env_remove("MODELFORGE_ENROLLMENT_TOKEN")
-            .env_remove("MODELFORGE_ADMIN_TOKEN");
+            .env_remove("MODELFORGE_ADMIN_TOKEN")
+            .env_remove("MODELFORGE_CLUSTER_SECRET");
         for (k, v) in env {
             cmd.env(k, v);
         }

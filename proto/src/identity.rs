@@ -4,7 +4,6 @@
 //! proof cannot be moved to another token or replayed long after.
 
 use ed25519_dalek::Signer;
-use ed25519_dalek::Verifier;
 use serde::Deserialize;
 use serde::Serialize;
 
@@ -115,7 +114,8 @@ pub fn verify(
         return Err(ProofError::Stale);
     }
     let msg = proof_message(token_id, hostname, &proof.public_key, proof.signed_at_ms);
-    key.verify(&msg, &sig)
+    // Strict: no malleable signature (non-canonical S) and no small-order key or R passes.
+    key.verify_strict(&msg, &sig)
         .map_err(|_| ProofError::BadSignature)?;
     if key.is_weak() {
         return Err(ProofError::BadKey);

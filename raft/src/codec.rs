@@ -12,7 +12,8 @@ use serde::de::DeserializeOwned;
 /// Bumped whenever any persisted or wire type changes shape. A cluster is upgraded as a whole.
 /// 5: named states (smoke state, history kind) are stored by name, not by variant index.
 /// 6: named operators, reasons on cancellations and in audit rows.
-pub const FORMAT_VERSION: u8 = 6;
+/// 7: a claim keeps the signing time of its last accepted proof.
+pub const FORMAT_VERSION: u8 = 7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -38,6 +39,17 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard()
 }
 
+/// The most bytes of strings one record may claim while it decodes (4 GiB). bincode allocates a
+/// string's length as soon as it reads it, before it checks the input holds that many bytes:
+/// without a limit a length field of 2^40 (a corrupted file, a hostile peer) aborts the
+/// process on a failed allocation. With it such a record is a decode error. A string can never
+/// be longer than the record that holds it, and records are far smaller than this.
+pub const DECODE_LIMIT: usize = 1 << 32;
+
+fn decode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<DECODE_LIMIT>()
+}
+
 /// Encode `value` behind the format version byte.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_VERSION];
@@ -55,7 +67,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
             expected: FORMAT_VERSION,
         });
     }
-    let (value, read) = bincode::serde::decode_from_slice(body, config())
+    let (value, read) = bincode::serde::decode_from_slice(body, decode_config())
         .map_err(|e| CodecError::Decode(e.to_string()))?;
     if read != body.len() {
         return Err(CodecError::Trailing(body.len() - read));
@@ -100,5 +112,32 @@ mod tests {
         ));
         assert!(matches!(decode::<Sample>(&[]), Err(CodecError::Empty)));
         assert!(decode::<Sample>(&bytes[..2]).is_err());
+    }
+
+    /// A length field of 2^40 (in a string, and in a sequence) is refused, not allocated: the
+    /// test process would abort on the allocation otherwise.
+    #[test]
+    fn a_length_of_two_to_the_forty_is_refused_not_allocated() {
+        let huge = {
+            let mut l = vec![0xfd];
+            l.extend_from_slice(&(1u64 << 40).to_le_bytes());
+            l
+        };
+        // a = 7, b = Some(<string of 2^40 bytes>), then nothing.
+        let mut string = vec![FORMAT_VERSION, 7, 1];
+        string.extend_from_slice(&huge);
+        string.extend_from_slice(b"abc");
+        assert!(matches!(
+            decode::<Sample>(&string),
+            Err(CodecError::Decode(_))
+        ));
+        // a = 7, b = None, c = <2^40 bytes>.
+        let mut seq = vec![FORMAT_VERSION, 7, 0];
+        seq.extend_from_slice(&huge);
+        assert!(matches!(decode::<Sample>(&seq), Err(CodecError::Decode(_))));
+        // A map of 2^40 entries of strings.
+        let mut map = vec![FORMAT_VERSION];
+        map.extend_from_slice(&huge);
+        assert!(decode::<std::collections::BTreeMap<String, String>>(&map).is_err());
     }
 }

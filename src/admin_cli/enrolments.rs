@@ -35,10 +35,12 @@ pub(super) async fn enrollments(
                 .as_ref()
                 .map(|h| format!(" --ca-cert-hash {h}"))
                 .unwrap_or_default();
+            // The token goes through a file (0600), never the agent's argv: other users of
+            // the machine can read a process's arguments.
             let agent = format!(
-                "modelforge-agent --control-plane {} --state-dir /var/lib/modelforge-agent --enrollment-token {}{pin}",
-                c.urls().join(","),
-                issued.token
+                "(umask 077; echo '{}' > /var/lib/modelforge-agent.token)\n  modelforge-agent --control-plane {} --state-dir /var/lib/modelforge-agent --enrollment-token-file /var/lib/modelforge-agent.token{pin}",
+                issued.token,
+                c.urls().join(",")
             );
             emit_or_quiet(args, &v, vec![issued.token.clone()], || {
                 format!(

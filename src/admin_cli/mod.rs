@@ -509,11 +509,12 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
     }
 }
 
-/// `modelforge admin backup --out F`: download, check the checksum, write atomically.
+/// `modelforge admin backup --out F`: download, check the framing and checksum (the MAC needs
+/// the cluster secret: restore checks it), write atomically and readable by the owner only.
 async fn backup_cmd(args: &AdminArgs, c: &mut Client, out: &std::path::Path) -> Result<i32, Fail> {
     eprintln!("taking a backup from {} ...", c.urls().join(","));
     let bytes = c.download("/api/v1/admin/backup").await?;
-    let (h, _) = crate::backup::decode(&bytes).map_err(|e| {
+    let h = crate::backup::inspect(&bytes).map_err(|e| {
         Fail(
             EXIT_REFUSED,
             format!("the backup received does not check: {e}"),
@@ -521,7 +522,13 @@ async fn backup_cmd(args: &AdminArgs, c: &mut Client, out: &std::path::Path) -> 
     })?;
     let tmp = out.with_extension("partial");
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, out)

@@ -152,6 +152,7 @@ pub async fn enroll(
         match s.check_claim(
             &TokenId::from(token.id()),
             &req.identity.public_key,
+            req.identity.signed_at_ms,
             now_ms(),
         ) {
             Ok(t) => t.hash.clone(),
@@ -196,6 +197,7 @@ pub async fn enroll(
         new_node_id: NodeId::random(),
         credential_id: CredentialId::from(credential.id()),
         credential_hash,
+        proof_signed_at_ms: req.identity.signed_at_ms,
     };
     let actor = format!(
         "agent:{}",

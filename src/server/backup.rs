@@ -29,8 +29,13 @@ pub async fn backup(
     let c = ctx.clone();
     let (bytes, index, digest) = tokio::task::spawn_blocking(move || {
         let s = c.app.read();
-        let bytes =
-            crate::backup::encode(&s, &c.cluster_id, c.cfg.node_id, modelforge_proto::now_ms());
+        let bytes = crate::backup::encode(
+            &s,
+            &c.cluster_id,
+            c.cfg.node_id,
+            modelforge_proto::now_ms(),
+            secrecy::ExposeSecret::expose_secret(&c.cfg.cluster_secret),
+        );
         let digest = s.digest();
         (bytes, s.last_applied_index, digest)
     })

@@ -26,6 +26,8 @@ use peer::share_verified;
 pub use routes::router;
 use tasks::*;
 
+use secrecy::ExposeSecret;
+use secrecy::SecretString;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,8 +59,11 @@ pub struct ServeConfig {
     pub peers: BTreeMap<u64, String>,
     /// `--peer-route`: how this member reaches a peer when not by its advertised URL.
     pub peer_routes: BTreeMap<u64, String>,
-    pub admin_token: String,
-    pub cluster_secret: String,
+    /// The bootstrap admin token (the operator `root`). Held as a secret: redacted from
+    /// `Debug`, zeroed when dropped.
+    pub admin_token: SecretString,
+    /// The key of peer MACs and backup MACs.
+    pub cluster_secret: SecretString,
     pub hash_params: HashParams,
     pub hash_workers: usize,
     pub credential_pool: usize,
@@ -219,7 +224,7 @@ pub async fn serve_on(
     }
     let app = Arc::new(Replicated::with_base(base));
     app.attach_journal(crate::journal::Journal::open(&cfg.data_dir, &cluster_id)?);
-    let peer_key = secrets::peer_token(&cfg.cluster_secret, &cluster_id);
+    let peer_key = secrets::peer_token(cfg.cluster_secret.expose_secret(), &cluster_id);
     let signer = modelforge_raft::peer_auth::PeerSigner::new(peer_key.as_bytes(), cfg.node_id);
     let tls = crate::tls::prepare(&cfg.tls, &cfg.data_dir, cfg.node_id, &tls_names(&cfg))?;
     if tls.is_none() {

@@ -52,6 +52,8 @@ pub enum Command {
         new_node_id: NodeId,
         credential_id: CredentialId,
         credential_hash: String,
+        /// `identity.signed_at_ms` of the request: a retry of a claim must be signed later.
+        proof_signed_at_ms: i64,
     },
     RevokeCredentials {
         node_id: NodeId,

@@ -37,6 +37,7 @@ impl State {
         &self,
         token_id: &TokenId,
         public_key: &str,
+        proof_signed_at_ms: i64,
         now: i64,
     ) -> Result<&Token, Refusal> {
         let Some(token) = self.tokens.get(token_id) else {
@@ -55,6 +56,12 @@ impl State {
                 .is_some_and(|c| c.last_used_at_ms.is_some() || c.revoked_at_ms.is_some());
             if claim.public_key != public_key || claim.spent || delivered {
                 return Err(Refusal::new(RefusalCode::TokenAlreadyClaimed));
+            }
+            if proof_signed_at_ms <= claim.proof_signed_at_ms {
+                return Err(Refusal::with(
+                    RefusalCode::TokenAlreadyClaimed,
+                    "a retry of a claim must carry an identity proof signed later than the last one accepted (a replayed request is refused)",
+                ));
             }
         }
         Ok(token)
@@ -180,12 +187,16 @@ impl State {
             new_node_id,
             credential_id,
             credential_hash,
+            proof_signed_at_ms,
         } = command
         else {
             return Err(Refusal::new(RefusalCode::BadCommand));
         };
         let (public_key, hostname) = (public_key.as_str(), hostname.as_str());
-        let retry = self.check_claim(token_id, public_key, now)?.claim.is_some();
+        let retry = self
+            .check_claim(token_id, public_key, *proof_signed_at_ms, now)?
+            .claim
+            .is_some();
         if self.credentials.contains_key(credential_id) {
             return Err(Refusal::new(RefusalCode::CredentialExists));
         }
@@ -279,7 +290,10 @@ impl State {
             .get_mut(token_id)
             .expect("token looked up above");
         match &mut token.claim {
-            Some(claim) => claim.credential_id = credential_id.clone(),
+            Some(claim) => {
+                claim.credential_id = credential_id.clone();
+                claim.proof_signed_at_ms = *proof_signed_at_ms;
+            }
             None => {
                 token.claim = Some(Claim {
                     node_id: node_id.clone(),
@@ -287,6 +301,7 @@ impl State {
                     credential_id: credential_id.clone(),
                     claimed_at_ms: now,
                     spent: false,
+                    proof_signed_at_ms: *proof_signed_at_ms,
                 });
                 facts.push(Fact::TokenClaimed {
                     token_id: token_id.clone(),

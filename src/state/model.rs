@@ -23,6 +23,10 @@ pub struct Claim {
     pub claimed_at_ms: i64,
     /// Set once a credential from this claim was used or revoked: no retry after that.
     pub spent: bool,
+    /// The signing time of the identity proof of the last accepted request of this claim: a
+    /// retry must be signed strictly later, so a captured request replayed byte for byte (same
+    /// proof) never claims again.
+    pub proof_signed_at_ms: i64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

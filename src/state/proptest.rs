@@ -75,6 +75,7 @@ fn command(r: &mut Rng, s: &State) -> Command {
                 new_node_id: r.id("n", 6),
                 credential_id: r.id("c", 40),
                 credential_hash: "ch".into(),
+                proof_signed_at_ms: r.below(4) as i64,
             }
         }
         6 => Command::RevokeCredentials {
@@ -290,6 +291,7 @@ fn check_catches_a_planted_break_of_each_invariant() {
             new_node_id: format!("n{i}").into(),
             credential_id: format!("c{i}").into(),
             credential_hash: "ch".into(),
+            proof_signed_at_ms: 1,
         });
     }
     commands.push(Command::Allocate {

@@ -54,6 +54,7 @@ impl State {
                     credential_id: CredentialId::default(),
                     claimed_at_ms: *at_ms,
                     spent: true,
+                    proof_signed_at_ms: i64::MAX,
                 });
                 claim.spent = true;
                 Some(format!(

@@ -56,6 +56,7 @@ fn enroll(
                 new_node_id: node.into(),
                 credential_id: cred.into(),
                 credential_hash: "ch".into(),
+                proof_signed_at_ms: now,
             },
         ),
     )
@@ -116,6 +117,27 @@ fn claim_retry_by_same_identity_returns_same_node_until_used() {
         "the undelivered credential is revoked"
     );
     assert_eq!(s.active_credentials(&"nA".into()).len(), 1);
+    // A captured retry replayed byte for byte (the same proof, signed at 1002), or one signed
+    // earlier, claims nothing: no credential is minted and c2 stays the node's.
+    for signed_at in [1002, 1001] {
+        let replay = Command::Enroll {
+            token_id: "t1".into(),
+            public_key: "keyA".into(),
+            hostname: "gpu-1".into(),
+            inventory: Inventory::default(),
+            new_node_id: "nX".into(),
+            credential_id: "c-replay".into(),
+            credential_hash: "ch".into(),
+            proof_signed_at_ms: signed_at,
+        };
+        let e = s
+            .apply(3, &env("r-replay", 1002, replay))
+            .result
+            .unwrap_err();
+        assert_eq!(e.code, "token_already_claimed");
+    }
+    assert!(!s.credentials.contains_key("c-replay"));
+    assert!(s.credentials["c2"].revoked_at_ms.is_none());
     // Once the credential was used, the token is spent for everyone.
     touch(&mut s, "c2", 1003);
     assert_eq!(
@@ -825,6 +847,7 @@ fn the_hostname_index_follows_enrolment_renames_decommission_and_reapplied_facts
                 new_node_id: "unused".into(),
                 credential_id: "cA2".into(),
                 credential_hash: "ch".into(),
+                proof_signed_at_ms: 1101,
             },
         ),
     )

@@ -21,6 +21,13 @@ use serde_json::Value;
 use serde_json::json;
 
 pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
+/// The secret members authenticate each other and the backups with (never the admin token).
+pub const CLUSTER_SECRET: &str = "test-cluster-secret-0123456789abcdef";
+/// What every member is started with.
+pub const MEMBER_ENV: [(&str, &str); 2] = [
+    ("MODELFORGE_ADMIN_TOKEN", ADMIN),
+    ("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET),
+];
 pub const WAIT: Duration = Duration::from_secs(30);
 
 /// What the leader writes by itself, on timers, put off beyond a test, so that the state digest
@@ -105,8 +112,38 @@ pub fn member_client(id: Option<u64>) -> reqwest::Client {
 /// A peer header signed as member `from` with the harness clusters' secret (the admin token)
 /// for `cluster_id` ("" unless restored): what that member itself would send.
 pub fn peer_header(cluster_id: &str, from: u64, method: &str, path: &str, body: &[u8]) -> String {
-    let key = modelforge::secrets::peer_token(ADMIN, cluster_id);
+    let key = modelforge::secrets::peer_token(CLUSTER_SECRET, cluster_id);
     modelforge_raft::peer_auth::PeerSigner::new(key.as_bytes(), from).sign(method, path, body, 0)
+}
+
+/// Nothing under `dir` (itself included) is readable, writable or searchable by anyone but
+/// its owner: files 0600 at most, directories 0700.
+pub fn assert_private(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut todo = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(p) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", p.display());
+        seen += 1;
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                todo.push(e.unwrap().path());
+            }
+        }
+    }
+    assert!(seen > 1, "{} is empty", dir.display());
+}
+
+/// A child process killed (and reaped) when the test lets go of it, even on a panic.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The process's harness CA (made by the server's `cluster init-ca` on first use).
@@ -346,12 +383,7 @@ impl Cluster {
         }
         .args();
         let log = self.root().join(format!("m{id}.log"));
-        self.procs[(id - 1) as usize] = Some(spawn(
-            &server_bin(),
-            &args,
-            &log,
-            &[("MODELFORGE_ADMIN_TOKEN", ADMIN)],
-        ));
+        self.procs[(id - 1) as usize] = Some(spawn(&server_bin(), &args, &log, &MEMBER_ENV));
     }
 
     pub fn alive(&mut self, id: u64) -> bool {
@@ -709,8 +741,11 @@ impl Agent {
         ];
         args.extend(self.trust.iter().cloned());
         if let Some(t) = token {
-            args.push("--enrollment-token".into());
-            args.push(t.to_string());
+            // Through a file, as the README says; one test passes it in argv.
+            let file = self.state_dir.with_extension("token");
+            std::fs::write(&file, format!("{t}\n")).unwrap();
+            args.push("--enrollment-token-file".into());
+            args.push(file.display().to_string());
         }
         self.child = Some(spawn(&agent_bin(), &args, &self.log, &[]));
     }

@@ -272,6 +272,11 @@ pub struct ServeArgs {
     /// agent keeps a connection open, so size the limit, and `ulimit -n`, to the fleet).
     #[arg(long, env = "MODELFORGE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Agent requests (heartbeats, inventory, smoke reports) this member processes at once;
+    /// beyond it they are shed at once with 503 `over_capacity` and `Retry-After` (agents back
+    /// off with jitter). Default: 64 per core.
+    #[arg(long, env = "MODELFORGE_MAX_AGENT_REQUESTS")]
+    pub max_agent_requests: Option<usize>,
     /// A connection that has not sent a complete request head within this is closed (idle
     /// keep-alive connections included).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -421,6 +426,11 @@ impl ServeArgs {
                 offline_after_ms: self.offline_after.as_millis() as i64,
             },
             max_body_bytes: self.max_body_bytes,
+            max_agent_requests: self.max_agent_requests.unwrap_or_else(|| {
+                64 * std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+            }),
             max_connections: self
                 .max_connections
                 .unwrap_or_else(crate::server::edge::default_max_connections),

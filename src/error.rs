@@ -19,7 +19,7 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: ErrorCode,
     pub message: String,
-    /// `Retry-After` in seconds for a 429 (default [`RETRY_AFTER_S`]).
+    /// `Retry-After` in seconds (a 429 without one gets [`RETRY_AFTER_S`]).
     pub retry_after_s: Option<u64>,
 }
 
@@ -39,6 +39,20 @@ impl ApiError {
         Self {
             retry_after_s: Some(retry_after_s),
             ..Self::of(ErrorCode::TooManyFailedChecks)
+        }
+    }
+    /// Shed by admission control.
+    pub fn over_capacity(retry_after_s: u64) -> Self {
+        Self {
+            retry_after_s: Some(retry_after_s),
+            ..Self::of(ErrorCode::OverCapacity)
+        }
+    }
+    /// A node's replicated-write rate is spent.
+    pub fn writes_spent(retry_after_s: u64) -> Self {
+        Self {
+            retry_after_s: Some(retry_after_s),
+            ..Self::of(ErrorCode::TooManyWrites)
         }
     }
     /// An error with its code's own message.
@@ -81,10 +95,15 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, axum::Json(body)).into_response();
         // The contract: an overloaded member answers 429 with `Retry-After`, never a queue
         // without bound.
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = match self.retry_after_s {
+            Some(s) => Some(s),
+            None if self.status == StatusCode::TOO_MANY_REQUESTS => Some(RETRY_AFTER_S.into()),
+            None => None,
+        };
+        if let Some(s) = retry_after {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(self.retry_after_s.unwrap_or(RETRY_AFTER_S.into())),
+                axum::http::HeaderValue::from(s),
             );
         }
         response

@@ -95,6 +95,10 @@ pub const MAX_WAITING: usize = 4096;
 pub struct Hasher {
     params: argon2::Params,
     permits: Arc<tokio::sync::Semaphore>,
+    /// What checks of presented credentials and operator tokens may hold of the workers: all
+    /// but one when there are two or more, so that an enrolment (token verify, credential
+    /// hash) always finds a worker within one hash's time, however many such checks queue.
+    check_permits: Arc<tokio::sync::Semaphore>,
     waiting: Arc<AtomicUsize>,
     max_waiting: usize,
     workers: usize,
@@ -109,6 +113,7 @@ impl Hasher {
         Ok(Self {
             params,
             permits: Arc::new(tokio::sync::Semaphore::new(workers.max(1))),
+            check_permits: Arc::new(tokio::sync::Semaphore::new(workers.max(2) - 1)),
             waiting: Arc::new(AtomicUsize::new(0)),
             max_waiting,
             workers: workers.max(1),
@@ -128,13 +133,14 @@ impl Hasher {
         &self,
         f: impl FnOnce(Argon2<'static>) -> T + Send + 'static,
     ) -> Result<T, ApiError> {
-        self.run_marking(f, None).await
+        self.run_marking(f, None, false).await
     }
 
     async fn run_marking<T: Send + 'static>(
         &self,
         f: impl FnOnce(Argon2<'static>) -> T + Send + 'static,
         started: Option<&AtomicBool>,
+        is_check: bool,
     ) -> Result<T, ApiError> {
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -143,6 +149,12 @@ impl Hasher {
         // Counted out however the wait ends: a request whose client went away is dropped
         // while it waits, and must not keep its place in the queue.
         let waiting = Waiting(&self.waiting);
+        let check_permit = if is_check {
+            let p = self.check_permits.clone().acquire_owned().await;
+            Some(p.map_err(|_| ApiError::internal("secret pool closed"))?)
+        } else {
+            None
+        };
         let permit = self.permits.clone().acquire_owned().await;
         drop(waiting);
         let permit = permit.map_err(|_| ApiError::internal("secret pool closed"))?;
@@ -155,6 +167,7 @@ impl Hasher {
         let out = tokio::task::spawn_blocking(move || {
             let out = f(argon);
             drop(permit);
+            drop(check_permit);
             out
         })
         .await
@@ -183,6 +196,27 @@ impl Hasher {
         secret: String,
         started: &AtomicBool,
     ) -> Result<bool, ApiError> {
+        self.verify_kind(phc, secret, started, false).await
+    }
+
+    /// [`Self::verify_marking`] for a presented credential or operator token: such checks
+    /// share all workers but one (see `check_permits`), keeping one for enrolments.
+    pub async fn verify_check_marking(
+        &self,
+        phc: String,
+        secret: String,
+        started: &AtomicBool,
+    ) -> Result<bool, ApiError> {
+        self.verify_kind(phc, secret, started, true).await
+    }
+
+    async fn verify_kind(
+        &self,
+        phc: String,
+        secret: String,
+        started: &AtomicBool,
+        is_check: bool,
+    ) -> Result<bool, ApiError> {
         // A stored hash whose parameters are out of range is refused before any work.
         if let Err(why) = check_phc(&phc) {
             tracing::warn!(%why, "a stored hash was refused without computing it");
@@ -191,6 +225,7 @@ impl Hasher {
         self.run_marking(
             move |a| a.verify_password(secret.as_bytes(), phc.as_str()).is_ok(),
             Some(started),
+            is_check,
         )
         .await
     }
@@ -388,6 +423,45 @@ mod tests {
         assert!(h.verify(phc.clone(), "mfnc_secret".into()).await.unwrap());
         assert!(!h.verify(phc, "mfnc_other".into()).await.unwrap());
         assert!(!h.verify("not a phc".into(), "x".into()).await.unwrap());
+    }
+
+    /// However many credential checks queue, an enrolment's hash finds a worker within about
+    /// one hash's time: checks hold all workers but one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn credential_checks_leave_one_worker_for_enrolments() {
+        let h = Hasher::new(
+            &HashParams {
+                m_kib: 8192,
+                t: 2,
+                p: 1,
+            },
+            2,
+            64,
+        )
+        .unwrap();
+        let phc = h.hash("mfnc_secret".into()).await.unwrap();
+        let checks: Vec<_> = (0..8)
+            .map(|_| {
+                let (h, phc) = (h.clone(), phc.clone());
+                tokio::spawn(async move {
+                    h.verify_check_marking(phc, "mfnc_wrong".into(), &AtomicBool::new(false))
+                        .await
+                })
+            })
+            .collect();
+        // Every check is running or queued before the enrolment asks.
+        while h.verify_count() + (h.waiting.load(Ordering::SeqCst) as u64) < 8 {
+            tokio::task::yield_now().await;
+        }
+        h.hash("mfet_token".into()).await.unwrap();
+        let started = h.verify_count();
+        assert!(
+            started <= 4,
+            "{started} of 8 queued checks ran before the enrolment's hash"
+        );
+        for c in checks {
+            assert!(!c.await.unwrap().unwrap());
+        }
     }
 
     /// A stored hash asking for 4 GiB, a million passes or another algorithm is refused

@@ -10,7 +10,9 @@ use std::time::Duration;
 use std::time::Instant;
 
 use common::*;
+use modelforge_proto::api;
 use modelforge_proto::api::ClusterView;
+use serde_json::json;
 
 /// `credential` with its secret replaced by random hex (a well-formed credential naming the
 /// same id: the checksum is right, the secret wrong).
@@ -235,4 +237,183 @@ async fn a_wrong_secret_for_a_verified_credential_id_is_refused_without_argon2()
     let after = view(&c).await.secret_checks;
     assert_eq!(after.argon2_verifies, before.argon2_verifies, "argon2 ran");
     assert_eq!(after.refused_by_digest - before.refused_by_digest, 50);
+}
+
+/// Audit events of `action` caused by node `node_id`'s agent.
+async fn node_events(c: &mut Cluster, node_id: &str, action: &str) -> usize {
+    let actor = format!("agent:{node_id}");
+    c.audit_events()
+        .await
+        .iter()
+        .filter(|e| e.record.actor == actor && e.record.action == action)
+        .count()
+}
+
+/// One node cannot grow the replicated state: smoke reports naming unknown, another node's or
+/// finished smokes are answered without a write (before, each was a refused command in the
+/// log and a row in the audit trail), and the writes a node may cause are rate-limited
+/// (429 `too_many_writes` with `Retry-After`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_cannot_grow_the_replicated_state() {
+    let mut c = Cluster::start(1).await;
+    let (mut agent, node_id, credential) = c.enrol_one("grower").await;
+    let (mut other, other_id, _) = c.enrol_one("bystander").await;
+    // A smoke that finished: the agent ran it.
+    let started: api::SmokeStarted = c
+        .admin_as(
+            "POST",
+            &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
+            None,
+            202,
+        )
+        .await;
+    let finished = started.smoke_id.to_string();
+    let base = c.url(1);
+    let smoke_view = format!("{base}/api/v1/admin/hardware/nodes/{node_id}/smoke/{finished}");
+    let passed = wait_until("the smoke to finish", WAIT, || async {
+        let (s, v) = call("GET", &smoke_view, Some(ADMIN), None).await;
+        assert_eq!(s, 200, "{v}");
+        (v["state"] != "pending").then(|| v["state"] == "passed")
+    })
+    .await;
+    // A smoke of another node, still pending (its agent is stopped first).
+    other.stop();
+    let pending: api::SmokeStarted = c
+        .admin_as(
+            "POST",
+            &format!("/api/v1/admin/hardware/nodes/{other_id}/smoke"),
+            None,
+            202,
+        )
+        .await;
+    agent.stop();
+
+    let report = json!({"checks": [{"name": "gpu", "ok": true, "detail": ""}]});
+    let send = |method: reqwest::Method, path: String, body: serde_json::Value| {
+        let url = format!("{base}{path}");
+        let credential = credential.clone();
+        async move {
+            let r = http()
+                .request(method, url)
+                .bearer_auth(credential)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let retry_after = r.headers().get("retry-after").is_some();
+            let s = r.status().as_u16();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            (s, v, retry_after)
+        }
+    };
+    let smoke_path = |smoke: &str| format!("/api/v1/agent/nodes/{node_id}/smoke/{smoke}");
+    let before = node_events(&mut c, &node_id, "smoke.result").await;
+    for i in 0..30 {
+        let unknown = format!("no-such-smoke-{i}");
+        let (s, v, _) = send(reqwest::Method::POST, smoke_path(&unknown), report.clone()).await;
+        assert_eq!(refused(s, &v), (404, "smoke_not_found"), "{v}");
+        let (s, v, _) = send(
+            reqwest::Method::POST,
+            smoke_path(pending.smoke_id.as_ref()),
+            report.clone(),
+        )
+        .await;
+        assert_eq!(refused(s, &v), (403, "wrong_node"), "{v}");
+        let (s, v, _) = send(reqwest::Method::POST, smoke_path(&finished), report.clone()).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            v["passed"], passed,
+            "a finished smoke answers its verdict: {v}"
+        );
+    }
+    assert_eq!(
+        node_events(&mut c, &node_id, "smoke.result").await,
+        before,
+        "a report that changes nothing was written"
+    );
+
+    // Inventory that changes on every report: at most the burst is written, then 429.
+    let before = node_events(&mut c, &node_id, "node.inventory").await;
+    let mut statuses = vec![];
+    for i in 0..40 {
+        let inv =
+            json!({"accelerators": [], "storage_roots": [], "driver_version": format!("v{i}")});
+        let (s, v, retry_after) = send(
+            reqwest::Method::PUT,
+            format!("/api/v1/agent/nodes/{node_id}/inventory"),
+            inv,
+        )
+        .await;
+        if s == 429 {
+            assert_eq!(v["error"]["code"], "too_many_writes", "{v}");
+            assert!(retry_after, "429 without Retry-After");
+        } else {
+            assert_eq!(s, 200, "{v}");
+        }
+        statuses.push(s);
+    }
+    let written = node_events(&mut c, &node_id, "node.inventory").await - before;
+    assert!(written <= 20, "{written} inventory writes: {statuses:?}");
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    // The other node's writes are its own budget: its agent, restarted, still reports.
+    other.start(None);
+    c.admin_as::<serde_json::Value>(
+        "GET",
+        &format!("/api/v1/admin/hardware/nodes/{other_id}"),
+        None,
+        200,
+    )
+    .await;
+}
+
+/// Admission control: above `--max-agent-requests` requests in progress, agent requests are
+/// shed at once with 503 `over_capacity` and `Retry-After` (never queued without bound), every
+/// request admitted is answered 200, and the member keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_requests_beyond_capacity_are_shed_with_retry_after() {
+    let mut c = Cluster::start_with(1, &["--max-agent-requests", "2"]).await;
+    let (mut agent, node_id, credential) = c.enrol_one("busy").await;
+    agent.stop();
+    let url = format!("{}/api/v1/agent/nodes/{node_id}/heartbeat", c.url(1));
+    let shed_seen = wait_until("a heartbeat to be shed", WAIT, || async {
+        let burst: Vec<_> = (0..64)
+            .map(|_| {
+                let (url, credential) = (url.clone(), credential.clone());
+                tokio::spawn(async move {
+                    let r = http()
+                        .post(url)
+                        .bearer_auth(credential)
+                        .json(&json!({}))
+                        .send()
+                        .await
+                        .unwrap();
+                    let retry_after = r.headers().get("retry-after").cloned();
+                    let s = r.status().as_u16();
+                    let v: serde_json::Value = r.json().await.unwrap_or_default();
+                    (s, v, retry_after)
+                })
+            })
+            .collect();
+        let mut shed = 0;
+        for b in burst {
+            let (s, v, retry_after) = b.await.unwrap();
+            match s {
+                200 => {}
+                503 => {
+                    assert_eq!(v["error"]["code"], "over_capacity", "{v}");
+                    assert_eq!(retry_after.unwrap(), "1");
+                    shed += 1;
+                }
+                _ => panic!("{s} {v}"),
+            }
+        }
+        (shed > 0).then_some(shed)
+    })
+    .await;
+    let v = view(&c).await;
+    assert!(v.admission.shed >= shed_seen as u64, "{:?}", v.admission);
+    assert_eq!(v.admission.limit, 2);
+    // Nothing is left in progress, and the member serves the next heartbeat.
+    assert_eq!(c.heartbeat_all(&node_id, &credential).await, vec![200]);
+    assert_eq!(view(&c).await.admission.in_flight, 0);
 }

@@ -78,6 +78,12 @@ struct Args {
 
 use modelforge_client::Answer as Reply;
 
+/// A random duration in `[0, up_to)`.
+fn jitter(up_to: Duration) -> Duration {
+    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
+    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+}
+
 /// An enrolment token: redacted from `Debug`, zeroed when dropped.
 #[derive(Clone)]
 struct Token(secrecy::SecretString);
@@ -358,7 +364,13 @@ impl Agent {
                 Reply::Refused(s, code, m) => {
                     tracing::warn!(status = s, code, message = m, "heartbeat refused")
                 }
-                Reply::Unavailable(why) => tracing::warn!(reason = %why, "heartbeat not delivered"),
+                Reply::Unavailable(why) => {
+                    tracing::warn!(reason = %why, "heartbeat not delivered");
+                    // Shed, overloaded or unreachable: wait a random part of an interval more
+                    // before the next one, so that a fleet shed at once does not come back at
+                    // once.
+                    tokio::time::sleep(jitter(self.args.heartbeat_interval)).await;
+                }
             }
         }
     }

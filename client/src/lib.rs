@@ -140,7 +140,11 @@ impl Failover {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     let body = resp.json().await.unwrap_or(Value::Null);
+                    // A member shedding load asks the client to come back later, not to move
+                    // the load to another member (which would relay it to the same leader).
+                    let shed = body["error"]["code"] == "over_capacity";
                     match classify(status, body, &url) {
+                        Answer::Unavailable(why) if shed => return Answer::Unavailable(why),
                         Answer::Unavailable(why) => Answer::Unavailable(why),
                         done => return done,
                     }

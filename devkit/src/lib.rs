@@ -337,6 +337,7 @@ mod tests {
             cluster_id: String::new(),
             secret_checks: Default::default(),
             credential_pool: Default::default(),
+            admission: Default::default(),
         })
     }
 

@@ -133,6 +133,8 @@ codes! {
     BadPeerBody = ("bad_peer_body", 400, "the peer request does not decode"),
     Overloaded = ("overloaded", 429, "too many requests are waiting for a secret check; retry shortly"),
     TooManyFailedChecks = ("too_many_failed_checks", 429, "too many failed secret checks from this address; retry after the time given"),
+    OverCapacity = ("over_capacity", 503, "this member is above capacity; retry after the time given"),
+    TooManyWrites = ("too_many_writes", 429, "this node caused too many replicated writes; retry after the time given"),
     RequestTimeout = ("request_timeout", 503, "the request was not answered in time; retry"),
     // Operators (named admin tokens).
     Forbidden = ("forbidden", 403, "this token's role does not allow this action"),
@@ -200,6 +202,16 @@ pub struct SecretChecksView {
     pub refused_by_budget: u64,
 }
 
+/// Admission control of agent requests on this member, in `GET /api/v1/cluster`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AdmissionView {
+    /// Agent requests processed at once at most (`--max-agent-requests`).
+    pub limit: usize,
+    pub in_flight: usize,
+    /// Agent requests answered 503 `over_capacity` since start.
+    pub shed: u64,
+}
+
 /// The leader's pool of credentials minted ahead, in `GET /api/v1/cluster`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CredentialPoolView {
@@ -226,6 +238,8 @@ pub struct ClusterView {
     pub cluster_id: String,
     pub secret_checks: SecretChecksView,
     pub credential_pool: CredentialPoolView,
+    #[serde(default)]
+    pub admission: AdmissionView,
 }
 
 /// `GET /api/v1/cluster/state-digest`: a digest of the member's applied state.

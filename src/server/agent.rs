@@ -354,7 +354,7 @@ async fn authenticate_inner(
             let reservation = reserve_check(ctx, keys)?;
             if !ctx
                 .hasher
-                .verify_marking(hash, secret.expose().to_string(), &reservation.started)
+                .verify_check_marking(hash, secret.expose().to_string(), &reservation.started)
                 .await?
             {
                 // Dropping the reservation of a verify that ran charges one failed check.
@@ -489,6 +489,23 @@ pub async fn smoke_report(
             ErrorCode::InvalidSmokeReport,
             "a check needs a name under 512 bytes and a detail under 4096",
         ));
+    }
+    // Decided before proposing (authenticate linearized the read), so that a node naming
+    // unknown, other nodes' or finished smokes writes nothing: a finished smoke answers its
+    // verdict again, as apply would.
+    {
+        let s = ctx.app.read();
+        match s.sched.smokes.get(&smoke_id) {
+            None => return Err(ApiError::of(ErrorCode::SmokeNotFound)),
+            Some(smoke) if smoke.node_id != node_id => {
+                return Err(ApiError::of(ErrorCode::WrongNode));
+            }
+            Some(smoke) if smoke.state != api::SmokeState::Pending => {
+                let passed = smoke.state == api::SmokeState::Passed;
+                return Ok(axum::Json(api::SmokeVerdict { passed }).into_response());
+            }
+            Some(_) => {}
+        }
     }
     record_use(&ctx, &credential_id).await?;
     let cmd = Command::SmokeResult {

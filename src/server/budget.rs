@@ -17,6 +17,9 @@ pub enum Key {
     Credential(String, IpAddr),
     /// Failed checks of one enrolment token id from one client address.
     Token(String, IpAddr),
+    /// Replicated writes caused by one node (inventory changes, smoke reports, reconciles):
+    /// not a failed-check budget but a plain rate limit, taken with [`Budgets::take`].
+    NodeWrites(String),
 }
 
 /// A token bucket's shape: `burst` failures at once, then one every `1 / per_s` seconds.
@@ -36,6 +39,13 @@ pub const PER_SECRET: Rule = Rule {
     burst: 5.0,
     per_s: 1.0 / 60.0,
 };
+/// One node may cause 20 replicated writes at once, then one every 3 s: far above what an
+/// agent does (a write per inventory change, per smoke, per reconcile), far below what would
+/// let one compromised node grow the log and the audit trail without bound.
+pub const NODE_WRITES: Rule = Rule {
+    burst: 20.0,
+    per_s: 1.0 / 3.0,
+};
 /// Buckets kept at most: beyond it full buckets are forgotten (a full bucket is the same as
 /// none), and if that is not enough new keys are refused (memory stays bounded whatever
 /// addresses and ids a flood names).
@@ -51,6 +61,7 @@ impl Key {
         match self {
             Key::Client(_) => CLIENT,
             Key::Credential(..) | Key::Token(..) => PER_SECRET,
+            Key::NodeWrites(_) => NODE_WRITES,
         }
     }
 }
@@ -163,6 +174,31 @@ impl Budgets {
             passed: false,
             started: Default::default(),
         })
+    }
+}
+
+impl Budgets {
+    /// Take one unit of `key`'s bucket now, or `Err(seconds)` until it has one.
+    pub fn take(&self, key: Key) -> Result<(), u64> {
+        let now = Instant::now();
+        let rule = key.rule();
+        let mut b = self.lock();
+        if b.len() >= MAX_BUCKETS {
+            b.retain(|k, bucket| bucket.refilled(k.rule(), now).tokens < k.rule().burst);
+        }
+        if b.len() >= MAX_BUCKETS && !b.contains_key(&key) {
+            return Err(1);
+        }
+        let bucket = b.entry(key).or_insert(Bucket {
+            tokens: rule.burst,
+            at: now,
+        });
+        *bucket = bucket.refilled(rule, now);
+        if bucket.tokens < 1.0 {
+            return Err(((1.0 - bucket.tokens) / rule.per_s).ceil().max(1.0) as u64);
+        }
+        bucket.tokens -= 1.0;
+        Ok(())
     }
 }
 

@@ -279,6 +279,44 @@ where
     }
 }
 
+/// How long an agent request's body may take to arrive before it is processed.
+pub const AGENT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Admission control of agent requests (heartbeats, inventory, smoke reports) on the member
+/// that processes them: the body is read first (bounded in size and time, holding no slot, so
+/// slow bodies cannot take slots from others), then a slot is taken without waiting; with none
+/// free the request is shed at once with 503 `over_capacity` and `Retry-After: 1`, costing no
+/// JSON parse, no secret check and no write. Work in progress stays bounded, so the latency
+/// of the requests admitted stays bounded under any offered load.
+pub async fn admit_agent(
+    axum::extract::State(ctx): axum::extract::State<super::Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = ctx.cfg.max_body_bytes;
+    let bytes =
+        match tokio::time::timeout(AGENT_BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(_)) => return ApiError::too_large().into_response(),
+            Err(_) => return ApiError::of(ErrorCode::RequestTimeout).into_response(),
+        };
+    let Ok(slot) = ctx.agent_slots.clone().try_acquire_owned() else {
+        ctx.checks
+            .shed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return ApiError::over_capacity(1).into_response();
+    };
+    let resp = next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        ))
+        .await;
+    drop(slot);
+    resp
+}
+
 /// The request deadline: a request not answered within [`REQUEST_TIMEOUT`] (its body read
 /// included) gets 503, and its connection is closed: `request_timeout` for a read, and
 /// `outcome_unknown` for anything else (it may have been proposed before its handler was cut

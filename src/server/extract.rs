@@ -238,7 +238,7 @@ async fn named_operator(ctx: &Ctx, given: &str, client: ClientAddr) -> Result<Op
             let reservation = super::agent::reserve_check(ctx, keys)?;
             if !ctx
                 .hasher
-                .verify_marking(hash, secret.expose().to_string(), &reservation.started)
+                .verify_check_marking(hash, secret.expose().to_string(), &reservation.started)
                 .await?
             {
                 return Err(refused());

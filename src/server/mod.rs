@@ -73,6 +73,8 @@ pub struct ServeConfig {
     pub tuning: RaftTuning,
     pub thresholds: StatusThresholds,
     pub max_body_bytes: usize,
+    /// Agent requests processed at once (see `edge::admit_agent`).
+    pub max_agent_requests: usize,
     /// Connection slots of the listener (see `edge`).
     pub max_connections: usize,
     pub header_read_timeout: Duration,
@@ -114,6 +116,10 @@ pub struct Ctx {
     pub checks: SecretChecks,
     /// Budgets of failed secret checks per client address (see `budget`).
     pub budgets: budget::Budgets,
+    /// Slots of agent requests being processed (`edge::admit_agent`).
+    pub agent_slots: Arc<tokio::sync::Semaphore>,
+    /// Nodes with a scheduler reconcile in flight (at most one each).
+    pub reconciling: std::sync::Mutex<std::collections::HashSet<modelforge_proto::ids::NodeId>>,
     /// One argon2 check at a time per credential id (see `budget::IdLocks`).
     pub id_locks: budget::IdLocks,
 }
@@ -125,6 +131,8 @@ pub struct SecretChecks {
     pub shared_in: std::sync::atomic::AtomicU64,
     pub refused_by_digest: std::sync::atomic::AtomicU64,
     pub refused_by_budget: std::sync::atomic::AtomicU64,
+    /// Agent requests shed by admission control (`edge::admit_agent`).
+    pub shed: std::sync::atomic::AtomicU64,
 }
 
 pub type Shared = Arc<Ctx>;
@@ -273,6 +281,7 @@ pub async fn serve_on(
         now_ms(),
     )
     .await?;
+    let max_agent_requests = cfg.max_agent_requests.max(1);
     let ctx = Arc::new(Ctx {
         cfg,
         consensus: consensus.clone(),
@@ -289,6 +298,8 @@ pub async fn serve_on(
         to_share: Default::default(),
         checks: Default::default(),
         budgets: Default::default(),
+        agent_slots: Arc::new(tokio::sync::Semaphore::new(max_agent_requests)),
+        reconciling: Default::default(),
         id_locks: Default::default(),
     });
     // Every background loop runs until the switch, in one set, so that shutdown is observable:

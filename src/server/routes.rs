@@ -17,10 +17,10 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::routing::post;
 
-/// The whole route table of a member.
-pub fn router(ctx: Shared) -> Router {
-    let leader_routes = Router::new()
-        .route("/api/v1/agent/enroll", post(agent::enroll))
+/// The agent's routes but enrolment (which has its own bounds: the argon2 queue and the
+/// failed-check budgets): admitted by `edge::admit_agent` on the member that processes them.
+fn agent_routes(ctx: Shared) -> Router<Shared> {
+    Router::new()
         .route(
             "/api/v1/agent/nodes/{node_id}/heartbeat",
             post(agent::heartbeat),
@@ -29,6 +29,20 @@ pub fn router(ctx: Shared) -> Router {
             "/api/v1/agent/nodes/{node_id}/inventory",
             axum::routing::put(agent::inventory),
         )
+        .route(
+            "/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}",
+            post(agent::smoke_report),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            ctx,
+            super::edge::admit_agent,
+        ))
+}
+
+/// The whole route table of a member.
+pub fn router(ctx: Shared) -> Router {
+    let leader_routes = Router::new()
+        .route("/api/v1/agent/enroll", post(agent::enroll))
         .route(
             "/api/v1/admin/node-enrollments",
             post(admin::create_enrollment).get(admin::list_enrollments),
@@ -85,10 +99,7 @@ pub fn router(ctx: Shared) -> Router {
             "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}",
             get(scheduler::show_smoke),
         )
-        .route(
-            "/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}",
-            post(agent::smoke_report),
-        )
+        .merge(agent_routes(ctx.clone()))
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
             forward::leader_gate,
@@ -211,6 +222,14 @@ pub(super) async fn cluster(
             ready: ctx.mint.ready(),
             minted_ahead,
             minted_inline,
+        },
+        admission: api::AdmissionView {
+            limit: ctx.cfg.max_agent_requests,
+            in_flight: ctx
+                .cfg
+                .max_agent_requests
+                .saturating_sub(ctx.agent_slots.available_permits()),
+            shed: ctx.checks.shed.load(relaxed),
         },
     })
     .into_response())

@@ -339,6 +339,32 @@ pub async fn show_smoke(
     .into_response())
 }
 
+/// A node's reconcile in flight; the mark goes when it is dropped.
+struct InFlight {
+    ctx: Shared,
+    node_id: NodeId,
+}
+
+impl InFlight {
+    fn claim(ctx: &Shared, node_id: &NodeId) -> Option<Self> {
+        let mut set = ctx.reconciling.lock().unwrap_or_else(|p| p.into_inner());
+        set.insert(node_id.clone()).then(|| InFlight {
+            ctx: ctx.clone(),
+            node_id: node_id.clone(),
+        })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.ctx
+            .reconciling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.node_id);
+    }
+}
+
 /// After a fresh report of `node_id` (telemetry naming accelerators): reconcile what the
 /// replicated state believes with what was measured, when they differ. Off the heartbeat's
 /// path (spawned); at most one write per report, none when nothing is to be changed.
@@ -361,8 +387,18 @@ pub fn reconcile_after_report(
     if !needed {
         return;
     }
+    // One reconcile in flight per node, within the node's write rate: a node that reports
+    // faster than its reconciles commit cannot pile up tasks or writes (a later report
+    // reconciles again).
+    let Some(in_flight) = InFlight::claim(ctx, node_id) else {
+        return;
+    };
+    if ctx.take_node_write(node_id).is_err() {
+        return;
+    }
     let (ctx, node_id) = (ctx.clone(), node_id.clone());
     tokio::spawn(async move {
+        let _in_flight = in_flight;
         let cmd = Command::Reconcile {
             node_id: node_id.clone(),
             present: present.into_iter().collect(),

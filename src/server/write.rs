@@ -92,12 +92,21 @@ impl Ctx {
         node_id: &NodeId,
         command: Command,
     ) -> Result<Outcome, ApiError> {
+        self.take_node_write(node_id)?;
         self.propose(
             &format!("agent:{node_id}"),
             modelforge_proto::new_uuid(),
             command,
         )
         .await
+    }
+
+    /// Take one of `node_id`'s replicated writes (`budget::NODE_WRITES`), or 429
+    /// `too_many_writes` with `Retry-After`.
+    pub fn take_node_write(&self, node_id: &NodeId) -> Result<(), ApiError> {
+        self.budgets
+            .take(super::budget::Key::NodeWrites(node_id.to_string()))
+            .map_err(ApiError::writes_spent)
     }
 
     async fn propose_via(&self, leader_url: &str, envelope: &[u8]) -> Result<Vec<u8>, String> {

@@ -160,6 +160,14 @@ impl Application for Replicated {
 
     fn restore(&self, data: &[u8]) -> std::io::Result<()> {
         let state: State = codec::decode(data)?;
+        // A snapshot that decodes but breaks an invariant (a damaged file, a forged install)
+        // is refused, loudly, never taken for the state.
+        state.check().map_err(|broken| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the snapshot's state breaks an invariant: {broken}"),
+            )
+        })?;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
         self.verified
             .lock()

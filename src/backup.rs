@@ -135,6 +135,9 @@ pub fn decode(bytes: &[u8], secret: &str) -> anyhow::Result<(Header, State)> {
     let framed = frame_of(bytes, Some(secret))?;
     let state: State = modelforge_raft::codec::decode(framed.payload)
         .map_err(|e| anyhow::anyhow!("backup payload does not decode: {e}"))?;
+    state
+        .check()
+        .map_err(|broken| anyhow::anyhow!("backup state breaks an invariant: {broken}"))?;
     Ok((framed.header, state))
 }
 
@@ -355,8 +358,14 @@ pub fn load_base(data_dir: &Path) -> anyhow::Result<(State, String)> {
         Err(e) => return Err(e).context("read cluster.id"),
     };
     let base = match std::fs::read(data_dir.join(BASE_FILE)) {
-        Ok(bytes) => modelforge_raft::codec::decode(&bytes)
-            .map_err(|e| anyhow::anyhow!("restore/base.state does not decode: {e}"))?,
+        Ok(bytes) => {
+            let base: State = modelforge_raft::codec::decode(&bytes)
+                .map_err(|e| anyhow::anyhow!("restore/base.state does not decode: {e}"))?;
+            base.check().map_err(|broken| {
+                anyhow::anyhow!("restore/base.state breaks an invariant: {broken}")
+            })?;
+            base
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
         Err(e) => return Err(e).context("read restore/base.state"),
     };

@@ -9,6 +9,8 @@ pub mod app;
 pub mod backup;
 pub mod cli;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod journal;
 pub mod liveness;
 pub mod secrets;

@@ -39,15 +39,19 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard()
 }
 
-/// The most bytes of strings one record may claim while it decodes (4 GiB). bincode allocates a
-/// string's length as soon as it reads it, before it checks the input holds that many bytes:
-/// without a limit a length field of 2^40 (a corrupted file, a hostile peer) aborts the
-/// process on a failed allocation. With it such a record is a decode error. A string can never
-/// be longer than the record that holds it, and records are far smaller than this.
-pub const DECODE_LIMIT: usize = 1 << 32;
+/// bincode allocates a string's claimed length as soon as it reads it, before it checks the
+/// input holds that many bytes: without a limit a length field of 2^40 (a damaged file, a
+/// hostile peer) aborts the process on a failed allocation, and one of 2^32 allocates 4 GiB.
+/// A decode therefore runs with a limit on the string bytes it may claim, chosen from the
+/// record's length: the smallest of these at least 16 times the record. A valid record never
+/// claims more string bytes than it holds, so it is never refused; a forged length costs at
+/// most 16 times the record's size.
+pub const DECODE_LIMITS: [usize; 6] = [64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30, 1 << 32];
 
-fn decode_config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<DECODE_LIMIT>()
+fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(
+    body: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    bincode::serde::decode_from_slice(body, bincode::config::standard().with_limit::<LIMIT>())
 }
 
 /// Encode `value` behind the format version byte.
@@ -67,8 +71,21 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
             expected: FORMAT_VERSION,
         });
     }
-    let (value, read) = bincode::serde::decode_from_slice(body, decode_config())
-        .map_err(|e| CodecError::Decode(e.to_string()))?;
+    let n = body.len().saturating_mul(16);
+    let decoded = if n <= DECODE_LIMITS[0] {
+        decode_limited::<T, { DECODE_LIMITS[0] }>(body)
+    } else if n <= DECODE_LIMITS[1] {
+        decode_limited::<T, { DECODE_LIMITS[1] }>(body)
+    } else if n <= DECODE_LIMITS[2] {
+        decode_limited::<T, { DECODE_LIMITS[2] }>(body)
+    } else if n <= DECODE_LIMITS[3] {
+        decode_limited::<T, { DECODE_LIMITS[3] }>(body)
+    } else if n <= DECODE_LIMITS[4] {
+        decode_limited::<T, { DECODE_LIMITS[4] }>(body)
+    } else {
+        decode_limited::<T, { DECODE_LIMITS[5] }>(body)
+    };
+    let (value, read) = decoded.map_err(|e| CodecError::Decode(e.to_string()))?;
     if read != body.len() {
         return Err(CodecError::Trailing(body.len() - read));
     }

@@ -203,6 +203,31 @@ fn encode_reply<T: Serialize>(v: &T) -> Result<Vec<u8>, PeerRpcError> {
     codec::encode(v).map_err(|e| PeerRpcError::Raft(e.to_string()))
 }
 
+/// A peer RPC, decoded (bounded: see `codec`) and not yet served.
+pub enum PeerRpc {
+    Append(AppendEntriesRequest<C>),
+    Vote(VoteRequest<C>),
+    PreVote(VoteRequest<C>),
+    Snapshot(VoteOf<C>, SnapshotMetaOf<C>, Vec<u8>),
+}
+
+/// Decode the body of a peer RPC of kind `kind`. Any bytes: an error, never a panic.
+pub fn decode_rpc(kind: &str, body: &[u8]) -> Result<PeerRpc, PeerRpcError> {
+    Ok(match kind {
+        "append" => PeerRpc::Append(decode_body(body)?),
+        "vote" => PeerRpc::Vote(decode_body(body)?),
+        "pre-vote" => PeerRpc::PreVote(decode_body(body)?),
+        "snapshot" => {
+            let (vote, meta, data) = decode_body(body)?;
+            PeerRpc::Snapshot(vote, meta, data)
+        }
+        other => return Err(PeerRpcError::Unknown(other.to_string())),
+    })
+}
+
+/// The kinds of peer RPC [`decode_rpc`] knows.
+pub const RPC_KINDS: [&str; 4] = ["append", "vote", "pre-vote", "snapshot"];
+
 /// Serve one peer RPC of kind `kind` against the local Raft member.
 pub async fn serve<A: Application>(
     raft: &Raft<A>,
@@ -210,21 +235,13 @@ pub async fn serve<A: Application>(
     body: &[u8],
 ) -> Result<Vec<u8>, PeerRpcError> {
     let raft_err = |e: &dyn std::fmt::Display| PeerRpcError::Raft(e.to_string());
-    match kind {
-        "append" => {
-            let req: AppendEntriesRequest<C> = decode_body(body)?;
+    match decode_rpc(kind, body)? {
+        PeerRpc::Append(req) => {
             encode_reply(&raft.append_entries(req).await.map_err(|e| raft_err(&e))?)
         }
-        "vote" => {
-            let req: VoteRequest<C> = decode_body(body)?;
-            encode_reply(&raft.vote(req).await.map_err(|e| raft_err(&e))?)
-        }
-        "pre-vote" => {
-            let req: VoteRequest<C> = decode_body(body)?;
-            encode_reply(&raft.pre_vote(req).await.map_err(|e| raft_err(&e))?)
-        }
-        "snapshot" => {
-            let (vote, meta, data): (VoteOf<C>, SnapshotMetaOf<C>, Vec<u8>) = decode_body(body)?;
+        PeerRpc::Vote(req) => encode_reply(&raft.vote(req).await.map_err(|e| raft_err(&e))?),
+        PeerRpc::PreVote(req) => encode_reply(&raft.pre_vote(req).await.map_err(|e| raft_err(&e))?),
+        PeerRpc::Snapshot(vote, meta, data) => {
             let snapshot = Snapshot {
                 meta,
                 snapshot: Cursor::new(data),
@@ -236,6 +253,5 @@ pub async fn serve<A: Application>(
                     .map_err(|e| raft_err(&e))?,
             )
         }
-        other => Err(PeerRpcError::Unknown(other.to_string())),
     }
 }

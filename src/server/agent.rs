@@ -330,6 +330,8 @@ async fn authenticate_inner(
     // A check that needs argon2 waits for any other check of the same id first: if that one
     // passed, this one is a cache hit.
     let _one_at_a_time = if cached == Cached::Unknown {
+        // Waiting (for another check of this id, then argon2) holds no admission slot.
+        super::edge::leave_admission();
         let guard = ctx.id_locks.lock(secret.id()).await;
         cached = ctx.app.cached(secret.id(), &digest);
         Some(guard)

@@ -282,12 +282,27 @@ where
 /// How long an agent request's body may take to arrive before it is processed.
 pub const AGENT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
+tokio::task_local! {
+    /// The admission slot of the agent request this task serves, while it holds one.
+    static ADMITTED: std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>;
+}
+
+/// Give back the admission slot of the agent request this task serves, if it holds one (a
+/// no-op elsewhere). Called before waiting on a bounded queue of its own (an argon2
+/// verification, a replicated write): a slot bounds the CPU work in progress, and a burst
+/// of first heartbeats waiting for their write must not shed the heartbeats behind them.
+pub fn leave_admission() {
+    let _ = ADMITTED.try_with(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+}
+
 /// Admission control of agent requests (heartbeats, inventory, smoke reports) on the member
 /// that processes them: the body is read first (bounded in size and time, holding no slot, so
 /// slow bodies cannot take slots from others), then a slot is taken without waiting; with none
 /// free the request is shed at once with 503 `over_capacity` and `Retry-After: 1`, costing no
-/// JSON parse, no secret check and no write. Work in progress stays bounded, so the latency
-/// of the requests admitted stays bounded under any offered load.
+/// JSON parse, no secret check and no write. The slot is held while the request works on the
+/// CPU, and given back before it waits on the argon2 pool or a replicated write (both bounded
+/// on their own; see [`leave_admission`]). Work in progress stays bounded, so the latency of
+/// the requests admitted stays bounded under any offered load.
 pub async fn admit_agent(
     axum::extract::State(ctx): axum::extract::State<super::Shared>,
     req: axum::extract::Request,
@@ -307,14 +322,10 @@ pub async fn admit_agent(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return ApiError::over_capacity(1).into_response();
     };
-    let resp = next
-        .run(axum::extract::Request::from_parts(
-            parts,
-            axum::body::Body::from(bytes),
-        ))
-        .await;
-    drop(slot);
-    resp
+    let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+    ADMITTED
+        .scope(std::sync::Mutex::new(Some(slot)), next.run(req))
+        .await
 }
 
 /// The request deadline: a request not answered within [`REQUEST_TIMEOUT`] (its body read

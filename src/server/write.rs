@@ -36,6 +36,7 @@ impl Ctx {
         request_id: String,
         command: Command,
     ) -> Result<Outcome, ApiError> {
+        super::edge::leave_admission();
         let env = Envelope {
             request_id,
             now_ms: now_ms(),

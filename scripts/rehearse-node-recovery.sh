@@ -456,7 +456,10 @@ e_restore() {
   ok "data dirs moved aside (old-m1..3)"
   for i in 1 2 3; do
     say "    restore into m$i:"
-    docker run --rm --network none --user "$MF_USER" -v "$MF_DATA:/rehearsal" "$MF_IMAGE" \
+    # The backup's MAC is checked with the cluster secret (passed by name: never in argv).
+    MODELFORGE_CLUSTER_SECRET="$MF_CLUSTER_SECRET" \
+      docker run --rm --network none --user "$MF_USER" -e MODELFORGE_CLUSTER_SECRET \
+      -v "$MF_DATA:/rehearsal" "$MF_IMAGE" \
       modelforge restore --from /rehearsal/cluster.backup --data-dir "/rehearsal/m$i" "${journals[@]}" \
       >"$WORK/restore-m$i.txt" 2>&1 || { cat "$WORK/restore-m$i.txt"; die "restore of m$i failed"; }
     sed 's/^/      /' "$WORK/restore-m$i.txt"

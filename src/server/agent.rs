@@ -318,19 +318,57 @@ async fn authenticate_inner(
         }
     };
     let (hash, owner) = revoked_or_missing(ctx)?;
-    let digest = secret.fast_digest();
-    let no_match = || {
-        ApiError::new(
-            ErrorCode::InvalidCredential,
-            "the credential matches no stored credential",
-        )
-    };
+    let key = budget::Key::Credential(secret.id().to_string(), client.0);
+    // Re-checked after a (slow) argon2 verify: a revocation may have applied meanwhile.
+    let still_valid = || revoked_or_missing(ctx).map(|_| ());
+    match check_secret(ctx, &secret, hash, key, client, still_valid).await? {
+        Checked::Cached => {}
+        Checked::Verified(digest) => ctx.note_verified(secret.id(), digest),
+        Checked::Wrong => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidCredential,
+                "the credential matches no stored credential",
+            ));
+        }
+    }
+    if owner != *node_id {
+        return Err(ApiError::new(
+            ErrorCode::CredentialForOtherNode,
+            "the credential is valid but belongs to another node",
+        ));
+    }
+    Ok(CredentialId::from(secret.id()))
+}
+
+/// How a presented secret compared with the stored hash of its id.
+pub(super) enum Checked {
+    /// It is the secret that last passed argon2 for this id (the verified cache).
+    Cached,
+    /// argon2 verified it just now; its digest is in the cache.
+    Verified([u8; 32]),
+    /// It is not the id's secret.
+    Wrong,
+}
+
+/// Check a presented secret (a node credential or an operator token) against `hash`, the
+/// stored argon2id hash of its id. One id has one secret: the verified cache answers a known
+/// digest, and refuses another without argon2. Otherwise, one check of the id at a time (a
+/// second waits, then finds the first's result in the cache), charged to the failed-check
+/// budgets of the client address and of `key` (429 beyond them), holding no admission slot
+/// while it waits; after a verify that passed, `still_valid` re-reads the row (a revocation or
+/// deletion may have applied meanwhile) before the digest is cached.
+pub(super) async fn check_secret(
+    ctx: &super::Ctx,
+    secret: &Secret,
+    hash: String,
+    key: budget::Key,
+    client: ClientAddr,
+    still_valid: impl Fn() -> Result<(), ApiError>,
+) -> Result<Checked, ApiError> {
     let relaxed = std::sync::atomic::Ordering::Relaxed;
+    let digest = secret.fast_digest();
     let mut cached = ctx.app.cached(secret.id(), &digest);
-    // A check that needs argon2 waits for any other check of the same id first: if that one
-    // passed, this one is a cache hit.
     let _one_at_a_time = if cached == Cached::Unknown {
-        // Waiting (for another check of this id, then argon2) holds no admission slot.
         super::edge::leave_admission();
         let guard = ctx.id_locks.lock(secret.id()).await;
         cached = ctx.app.cached(secret.id(), &digest);
@@ -341,41 +379,28 @@ async fn authenticate_inner(
     match cached {
         Cached::Match => {
             ctx.checks.cache_hits.fetch_add(1, relaxed);
+            Ok(Checked::Cached)
         }
-        // One id has one secret: another digest for a verified id is a wrong secret, refused
-        // without argon2 (the same answer as a failed verify).
         Cached::Mismatch => {
             ctx.checks.refused_by_digest.fetch_add(1, relaxed);
-            return Err(no_match());
+            Ok(Checked::Wrong)
         }
         Cached::Unknown => {
-            let keys = vec![
-                budget::Key::Client(client.0),
-                budget::Key::Credential(secret.id().to_string(), client.0),
-            ];
-            let reservation = reserve_check(ctx, keys)?;
+            let reservation = reserve_check(ctx, vec![budget::Key::Client(client.0), key])?;
             if !ctx
                 .hasher
                 .verify_check_marking(hash, secret.expose().to_string(), &reservation.started)
                 .await?
             {
                 // Dropping the reservation of a verify that ran charges one failed check.
-                return Err(no_match());
+                return Ok(Checked::Wrong);
             }
             reservation.passed();
-            // Re-check after the (slow) verify: a revocation may have applied meanwhile.
-            revoked_or_missing(ctx)?;
+            still_valid()?;
             ctx.app.remember_verified(secret.id(), digest);
-            ctx.note_verified(secret.id(), digest);
+            Ok(Checked::Verified(digest))
         }
     }
-    if owner != *node_id {
-        return Err(ApiError::new(
-            ErrorCode::CredentialForOtherNode,
-            "the credential is valid but belongs to another node",
-        ));
-    }
-    Ok(CredentialId::from(secret.id()))
 }
 
 /// Note a use of `credential_id`: the first is replicated before answering, later ones coalesced.

@@ -207,7 +207,6 @@ pub async fn authorize(
 
 /// The named operator whose token is `given`, or 401.
 async fn named_operator(ctx: &Ctx, given: &str, client: ClientAddr) -> Result<Operator, ApiError> {
-    use crate::app::Cached;
     let refused = || ApiError::new(ErrorCode::Unauthenticated, "the admin token is not valid");
     let secret = Secret::parse(SecretKind::OperatorToken, given).map_err(|_| refused())?;
     ctx.read_anywhere().await?;
@@ -218,38 +217,13 @@ async fn named_operator(ctx: &Ctx, given: &str, client: ClientAddr) -> Result<Op
             .ok_or_else(refused)
     };
     let (hash, name, role) = row(ctx)?;
-    let digest = secret.fast_digest();
-    let mut cached = ctx.app.cached(secret.id(), &digest);
-    let _one_at_a_time = if cached == Cached::Unknown {
-        let guard = ctx.id_locks.lock(secret.id()).await;
-        cached = ctx.app.cached(secret.id(), &digest);
-        Some(guard)
-    } else {
-        None
-    };
-    match cached {
-        Cached::Match => {}
-        Cached::Mismatch => return Err(refused()),
-        Cached::Unknown => {
-            let keys = vec![
-                super::budget::Key::Client(client.0),
-                super::budget::Key::Token(secret.id().to_string(), client.0),
-            ];
-            let reservation = super::agent::reserve_check(ctx, keys)?;
-            if !ctx
-                .hasher
-                .verify_check_marking(hash, secret.expose().to_string(), &reservation.started)
-                .await?
-            {
-                return Err(refused());
-            }
-            reservation.passed();
-            // A deletion may have applied during the (slow) verify.
-            row(ctx)?;
-            ctx.app.remember_verified(secret.id(), digest);
-        }
+    let key = super::budget::Key::Token(secret.id().to_string(), client.0);
+    // A deletion may have applied during a (slow) verify.
+    let still_valid = || row(ctx).map(|_| ());
+    match super::agent::check_secret(ctx, &secret, hash, key, client, still_valid).await? {
+        super::agent::Checked::Wrong => Err(refused()),
+        _ => Ok(Operator { name, role }),
     }
-    Ok(Operator { name, role })
 }
 
 /// An id from a path or a body, typed. Ids are opaque but tame (`modelforge_proto::ids::is_tame`:

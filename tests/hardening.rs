@@ -10,7 +10,6 @@ use std::time::Duration;
 use std::time::Instant;
 
 use common::*;
-use modelforge_proto::api;
 use modelforge_proto::api::ClusterView;
 use serde_json::json;
 
@@ -259,14 +258,7 @@ async fn one_node_cannot_grow_the_replicated_state() {
     let (mut agent, node_id, credential) = c.enrol_one("grower").await;
     let (mut other, other_id, _) = c.enrol_one("bystander").await;
     // A smoke that finished: the agent ran it.
-    let started: api::SmokeStarted = c
-        .admin_as(
-            "POST",
-            &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
-            None,
-            202,
-        )
-        .await;
+    let started = c.start_smoke(&node_id).await;
     let finished = started.smoke_id.to_string();
     let base = c.url(1);
     let smoke_view = format!("{base}/api/v1/admin/hardware/nodes/{node_id}/smoke/{finished}");
@@ -278,14 +270,7 @@ async fn one_node_cannot_grow_the_replicated_state() {
     .await;
     // A smoke of another node, still pending (its agent is stopped first).
     other.stop();
-    let pending: api::SmokeStarted = c
-        .admin_as(
-            "POST",
-            &format!("/api/v1/admin/hardware/nodes/{other_id}/smoke"),
-            None,
-            202,
-        )
-        .await;
+    let pending = c.start_smoke(&other_id).await;
     agent.stop();
 
     let report = json!({"checks": [{"name": "gpu", "ok": true, "detail": ""}]});

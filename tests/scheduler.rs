@@ -53,14 +53,7 @@ async fn wait_offered(c: &mut Cluster, node_id: &str, offered: bool) {
 
 /// Start a smoke for `node_id` and wait for its verdict.
 async fn smoke(c: &mut Cluster, node_id: &str) -> api::SmokeView {
-    let started: api::SmokeStarted = c
-        .admin_as(
-            "POST",
-            &format!("/api/v1/admin/hardware/nodes/{node_id}/smoke"),
-            None,
-            202,
-        )
-        .await;
+    let started = c.start_smoke(node_id).await;
     let id = started.smoke_id.to_string();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {

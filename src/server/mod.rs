@@ -124,7 +124,8 @@ pub struct Ctx {
     pub id_locks: budget::IdLocks,
 }
 
-/// Counters of the credential check, shown in `GET /api/v1/cluster`.
+/// Counters of the secret checks (node credentials and operator tokens), shown in
+/// `GET /api/v1/cluster`.
 #[derive(Default)]
 pub struct SecretChecks {
     pub cache_hits: std::sync::atomic::AtomicU64,

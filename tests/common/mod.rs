@@ -563,6 +563,12 @@ impl Cluster {
         (a, nid, cred)
     }
 
+    /// Ask for a capability smoke of `node_id` (asserting 202): its answer.
+    pub async fn start_smoke(&mut self, node_id: &str) -> api::SmokeStarted {
+        let path = format!("/api/v1/admin/hardware/nodes/{node_id}/smoke");
+        self.admin_as("POST", &path, None, 202).await
+    }
+
     /// Revoke the credentials of `node_id` (asserting 200): the answer.
     pub async fn revoke(&mut self, node_id: &str) -> api::Revoked {
         let path = format!("/api/v1/admin/hardware/nodes/{node_id}/credential");

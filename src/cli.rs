@@ -281,6 +281,11 @@ pub struct ServeArgs {
     /// keep-alive connections included).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: Duration,
+    /// A request not answered within this (its body read included) gets 503
+    /// (`request_timeout` for a read, `outcome_unknown` for a write) and its connection is
+    /// closed.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
     /// Default lifetime of an enrolment token, in seconds.
     #[arg(long, default_value_t = 3600)]
     pub default_token_ttl: u64,
@@ -435,6 +440,7 @@ impl ServeArgs {
                 .max_connections
                 .unwrap_or_else(crate::server::edge::default_max_connections),
             header_read_timeout: self.header_read_timeout,
+            request_timeout: self.request_timeout,
             default_token_ttl_s: self.default_token_ttl,
             max_token_ttl_s: self.max_token_ttl,
             touch_interval: self.touch_interval,

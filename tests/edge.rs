@@ -1,6 +1,7 @@
 //! The HTTP edge over real processes: a connection that never finishes its request head is
-//! closed (slowloris), and connections beyond `--max-connections` are closed at once while the
-//! member keeps serving the ones it took.
+//! closed (slowloris), a request whose body trickles in is cut off at the request deadline,
+//! and connections beyond `--max-connections` are closed at once while the member keeps
+//! serving the ones it took.
 
 mod common;
 
@@ -95,6 +96,80 @@ async fn the_default_header_read_timeout_is_30_seconds() {
         .expect("the flag is documented");
     assert!(
         line.split("--").next().unwrap().contains("[default: 30s]"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_body_trickles_in_is_cut_off_at_the_request_deadline() {
+    let c = Cluster::start_with(1, &["--request-timeout", "2s"]).await;
+    let url = c.url(1);
+    // A complete, authenticated head announcing 400 bytes of body, then a byte every 300 ms:
+    // never slow enough for a read timeout, never done before the deadline.
+    let mut slow = tls_connect(&url).await;
+    let head = format!(
+        "POST /api/v1/admin/node-enrollments HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+         authorization: Bearer {ADMIN}\r\ncontent-type: application/json\r\n\
+         content-length: 400\r\n\r\n{{"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.flush().await.unwrap();
+    let t = Instant::now();
+    let trickle = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if slow.write_all(b" ").await.is_err() || slow.flush().await.is_err() {
+                break;
+            }
+            let mut buf = [0u8; 4096];
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(1), slow.read(&mut buf)).await
+            {
+                return (n, String::from_utf8_lossy(&buf[..n]).to_string());
+            }
+        }
+        (0, String::new())
+    };
+    let (n, answer) = tokio::time::timeout(Duration::from_secs(20), trickle)
+        .await
+        .expect("the trickling request was never cut off");
+    let took = t.elapsed();
+    assert!(n > 0, "the connection closed without an answer");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"outcome_unknown\""), "{answer}");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
+        "cut off after {took:?}"
+    );
+    // Nothing was proposed, and the member serves the next request.
+    let (s, v) = call(
+        "GET",
+        &format!("{url}/api/v1/admin/node-enrollments"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["enrollments"].as_array().map(|a| a.len()), Some(0), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_request_timeout_is_60_seconds() {
+    let out = std::process::Command::new(server_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let line = help
+        .split("--request-timeout")
+        .nth(1)
+        .expect("the flag is documented");
+    assert!(
+        line.split("--").next().unwrap().contains("[default: 60s]"),
         "{line}"
     );
 }

@@ -27,8 +27,6 @@ use super::Shutdown;
 use crate::error::ApiError;
 use crate::tls::ConnPeer;
 
-/// A request that has not been answered by then gets 503 `request_timeout`.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long open connections may finish their request in flight at shutdown.
 const DRAIN: Duration = Duration::from_secs(10);
 
@@ -328,16 +326,17 @@ pub async fn admit_agent(
         .await
 }
 
-/// The request deadline: a request not answered within [`REQUEST_TIMEOUT`] (its body read
-/// included) gets 503, and its connection is closed: `request_timeout` for a read, and
+/// The request deadline: a request not answered within `--request-timeout` (60 s by default;
+/// its body read included) gets 503, and its connection is closed: `request_timeout` for a read, and
 /// `outcome_unknown` for anything else (it may have been proposed before its handler was cut
 /// off; a retry with the same Idempotency-Key is safe).
 pub async fn request_deadline(
+    axum::extract::State(ctx): axum::extract::State<super::Shared>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let read = req.method() == axum::http::Method::GET;
-    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+    match tokio::time::timeout(ctx.cfg.request_timeout, next.run(req)).await {
         Ok(resp) => resp,
         Err(_) => {
             let err = if read {

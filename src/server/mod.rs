@@ -78,6 +78,8 @@ pub struct ServeConfig {
     /// Connection slots of the listener (see `edge`).
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    /// A request not answered by then gets 503 (see `edge::request_deadline`).
+    pub request_timeout: Duration,
     pub default_token_ttl_s: u64,
     pub max_token_ttl_s: u64,
     /// How often coalesced `last_used_at` updates are written.

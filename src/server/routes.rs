@@ -137,7 +137,10 @@ pub fn router(ctx: Shared) -> Router {
                 "this endpoint does not take that method",
             )
         })
-        .layer(axum::middleware::from_fn(super::edge::request_deadline))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            super::edge::request_deadline,
+        ))
         .with_state(ctx)
 }
 

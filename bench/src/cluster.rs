@@ -42,14 +42,34 @@ struct Member {
 pub struct Cluster {
     bin: PathBuf,
     members: Vec<Member>,
+    /// The CPUs the members run on (`taskset -c`), when pinned.
+    cpus: Option<String>,
 }
 
 impl Cluster {
     /// Start 3 members with `extra` serve flags; returns once one of them is leader. They
     /// speak TLS with the harness CA, or plain HTTP when `extra` holds `--insecure-http`.
     pub async fn start(bin: &Path, dir: &Path, name: &str, extra: &[String]) -> Self {
+        Self::start_n(3, bin, dir, name, extra).await
+    }
+
+    /// [`Cluster::start`] with `n` members.
+    pub async fn start_n(n: usize, bin: &Path, dir: &Path, name: &str, extra: &[String]) -> Self {
+        Self::start_pinned(n, None, bin, dir, name, extra).await
+    }
+
+    /// [`Cluster::start_n`] with every member on `cpus` (a `taskset -c` list), so that a
+    /// load generator pinned elsewhere does not take the members' CPU.
+    pub async fn start_pinned(
+        n: usize,
+        cpus: Option<&str>,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        extra: &[String],
+    ) -> Self {
         devkit::ca(bin);
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let insecure = extra.iter().any(|a| a == "--insecure-http");
         let url = |port: u16| {
             if insecure {
@@ -62,7 +82,7 @@ impl Cluster {
             .zip(&ports)
             .map(|(id, port)| (id, url(*port)))
             .collect();
-        let members = (0..3)
+        let members = (0..n)
             .map(|i| {
                 let data_dir = dir.join(format!("{name}-m{}", i + 1));
                 Member {
@@ -84,8 +104,9 @@ impl Cluster {
         let mut c = Self {
             bin: bin.to_path_buf(),
             members,
+            cpus: cpus.map(str::to_string),
         };
-        for i in 0..3 {
+        for i in 0..n {
             c.spawn(i);
         }
         c.wait_leader(Duration::from_secs(60)).await;
@@ -99,8 +120,17 @@ impl Cluster {
             ("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET),
             ("MODELFORGE_LOG", "warn"),
         ];
-        let proc = Proc::spawn(&self.bin, &m.args, &env, &m.log, false)
-            .unwrap_or_else(|e| panic!("start {}: {e}", self.bin.display()));
+        // taskset execs the member: the pid is the member's.
+        let proc = match &self.cpus {
+            None => Proc::spawn(&self.bin, &m.args, &env, &m.log, false),
+            Some(cpus) => {
+                let mut args = vec!["-c".to_string(), cpus.clone()];
+                args.push(self.bin.display().to_string());
+                args.extend(m.args.iter().cloned());
+                Proc::spawn(Path::new("taskset"), &args, &env, &m.log, false)
+            }
+        }
+        .unwrap_or_else(|e| panic!("start {}: {e}", self.bin.display()));
         m.proc = Some(proc);
     }
 
@@ -118,7 +148,7 @@ impl Cluster {
 
     /// RSS of each running member, in MiB (0 for a stopped one).
     pub fn rss(&self) -> Vec<f64> {
-        (0..3)
+        (0..self.members.len())
             .map(|i| self.pid(i).map(rss_mib).unwrap_or(0.0))
             .collect()
     }

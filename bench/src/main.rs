@@ -41,6 +41,9 @@ pub struct Profile {
     /// Offered heartbeat rates of the open-loop steps (agents at 1/s each).
     pub open_rates: &'static [usize],
     pub open_secs: u64,
+    /// Agents (one connection each) of the flood at twice the measured capacity.
+    pub flood_agents: usize,
+    pub flood_secs: u64,
     pub failover_agents: usize,
     pub failover_interval: Duration,
     pub write_clients: [usize; 3],
@@ -54,6 +57,8 @@ const FULL: Profile = Profile {
     population: [10_000, 100_000],
     open_rates: &[2_000, 5_000, 10_000],
     open_secs: 8,
+    flood_agents: 2_000,
+    flood_secs: 8,
     failover_agents: 10_000,
     failover_interval: Duration::from_secs(5),
     write_clients: [1, 16, 128],
@@ -67,6 +72,8 @@ const SMOKE: Profile = Profile {
     population: [200, 400],
     open_rates: &[100, 200],
     open_secs: 2,
+    flood_agents: 200,
+    flood_secs: 2,
     failover_agents: 200,
     failover_interval: Duration::from_secs(1),
     write_clients: [1, 16, 128],
@@ -77,6 +84,8 @@ struct Args {
     out: PathBuf,
     server: Option<PathBuf>,
     etcd: bool,
+    /// Run just this scenario (`flood`), for iterating on it.
+    only: Option<String>,
 }
 
 fn parse_args() -> Args {
@@ -85,6 +94,7 @@ fn parse_args() -> Args {
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench.json"),
         server: None,
         etcd: true,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -110,9 +120,15 @@ fn parse_args() -> Args {
                 )
             }
             "--no-etcd" => args.etcd = false,
+            "--only" => match it.next().as_deref() {
+                Some("flood") => args.only = Some("flood".into()),
+                other => usage(&format!(
+                    "--only takes a scenario name (flood), not {other:?}"
+                )),
+            },
             "-h" | "--help" => {
                 println!(
-                    "modelforge-bench [--profile full|smoke] [--out FILE] [--server PATH] [--no-etcd]"
+                    "modelforge-bench [--profile full|smoke] [--out FILE] [--server PATH] [--no-etcd] [--only flood]"
                 );
                 std::process::exit(0);
             }
@@ -171,6 +187,11 @@ async fn main() {
     b.r.put("profile", json!(p.name));
     b.r.put("machine", machine());
     println!("modelforge-bench, profile {} on {}", p.name, machine());
+    if args.only.as_deref() == Some("flood") {
+        scenario::flood::run(&mut b).await;
+        b.r.finish(&args.out);
+        return;
+    }
 
     let bare = scenario::reference::bare_axum(&mut b).await;
     let mut one = scenario::reference::argon2_bound();
@@ -184,6 +205,7 @@ async fn main() {
     let killed = scenario::failover::run(&mut b, &mut pop, one).await;
     scenario::memory::run(&mut b, &mut pop, killed).await;
     drop(pop);
+    scenario::flood::run(&mut b).await;
     b.r.finish(&args.out);
     drop(dir);
 }

@@ -38,6 +38,7 @@ fn the_smoke_profile_runs_every_scenario_and_writes_its_figures() {
         "heartbeats_open_loop",
         "failover",
         "rss_mib_large",
+        "flood",
     ] {
         assert!(!v[key].is_null(), "{key} missing from the figures");
     }

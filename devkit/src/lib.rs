@@ -235,6 +235,11 @@ impl Drop for Proc {
     }
 }
 
+/// The harness CA's PEM, when [`ca`] made one (for clients built on rustls directly).
+pub fn harness_ca_pem() -> Option<&'static str> {
+    CA.get().map(|ca| ca.pem.as_str())
+}
+
 /// `b` trusting the harness CA, when [`ca`] made one (the benchmark's load clients).
 pub fn with_harness_tls(b: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
     match CA.get() {

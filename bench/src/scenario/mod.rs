@@ -9,6 +9,7 @@ use crate::report::Report;
 
 pub mod enrolment;
 pub mod failover;
+pub mod flood;
 pub mod heartbeats;
 pub mod memory;
 pub mod open_loop;

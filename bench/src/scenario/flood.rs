@@ -1,0 +1,308 @@
+//! Admission control under a flood (issue 15): one member pinned to one CPU and the load
+//! generator (this process) pinned to the other, so that the member's capacity is its own and
+//! not what is left beside the generator; real agents run on other machines. Its heartbeat
+//! capacity is measured closed-loop (fewer loops than its admission limit, so nothing is
+//! shed), then every agent heartbeats open-loop, one connection each like a real agent, at
+//! twice that rate in all. Target: the admitted heartbeats' p99, from the scheduled send,
+//! under 50 ms, the rest shed at once with 503 and `Retry-After`, and the member serving
+//! (admin reads during the flood all answered 200).
+
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use serde_json::json;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::Bench;
+use crate::cluster::ADMIN;
+use crate::cluster::Cluster;
+use crate::load;
+use crate::load::SimAgent;
+use crate::load::Stats;
+
+/// A lean agent connection for the flood: one TLS connection, the heartbeat written by hand
+/// as HTTP/1.1, the answer's status read and its body skipped by `content-length`. It costs a
+/// fraction of reqwest's CPU a request, so that one CPU of load can offer twice what one CPU
+/// of member serves (with reqwest the generator, not the member, was the bottleneck).
+struct RawConn {
+    tls: TlsStream<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl RawConn {
+    async fn connect(addr: &str, tls: &tokio_rustls::TlsConnector) -> std::io::Result<Self> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("an IP name");
+        Ok(RawConn {
+            tls: tls.connect(name, tcp).await?,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// Send `req` (a whole HTTP/1.1 request) and read the answer; its status.
+    async fn call(&mut self, req: &[u8]) -> std::io::Result<u16> {
+        self.tls.write_all(req).await?;
+        self.tls.flush().await?;
+        self.buf.clear();
+        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = self.tls.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(bad("closed"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = std::str::from_utf8(&self.buf[..head_end]).map_err(|_| bad("head"))?;
+        let status: u16 = head
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("status"))?;
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .ok_or_else(|| bad("no content-length"))?;
+        if head.to_ascii_lowercase().contains("connection: close") {
+            return Err(bad("closed by the member"));
+        }
+        while self.buf.len() < head_end + len {
+            let n = self.tls.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(bad("closed"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok(status)
+    }
+}
+
+/// A heartbeat of `a` as bytes on the wire.
+fn heartbeat_request(a: &SimAgent) -> Vec<u8> {
+    let mut r = format!(
+        "POST /api/v1/agent/nodes/{}/heartbeat HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+         authorization: Bearer {}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        a.node_id,
+        a.credential,
+        a.telemetry.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(&a.telemetry);
+    r
+}
+
+/// (scheduled, written, answered, status) of one flood heartbeat.
+type Sent = (Instant, Instant, Instant, Option<u16>);
+
+/// Every agent heartbeats over its own [`RawConn`] at `interval` (first sends spread over one
+/// interval) until `deadline`, open-loop: a late answer delays only that agent's next send,
+/// and its latency counts from the scheduled instant. A failed connection is opened again for
+/// the next heartbeat.
+async fn flood(
+    addr: &str,
+    agents: &[SimAgent],
+    interval: Duration,
+    deadline: Instant,
+) -> Vec<Sent> {
+    let pem = modelforge_devkit::harness_ca_pem().expect("the harness CA");
+    let cfg = modelforge_client::tls::client_config(pem, None).expect("the harness CA loads");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let n = agents.len();
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for (k, a) in agents.iter().enumerate() {
+        let (tls, addr, req) = (tls.clone(), addr.to_string(), heartbeat_request(a));
+        tasks.push(tokio::spawn(async move {
+            let mut conn = RawConn::connect(&addr, &tls).await.ok();
+            let mut next = start + interval.mul_f64(k as f64 / n as f64);
+            let mut out = vec![];
+            while next < deadline {
+                tokio::time::sleep_until(next.into()).await;
+                if conn.is_none() {
+                    conn = RawConn::connect(&addr, &tls).await.ok();
+                }
+                let written = Instant::now();
+                let status = match conn.as_mut() {
+                    Some(c) => c.call(&req).await.ok(),
+                    None => None,
+                };
+                if status.is_none() {
+                    conn = None;
+                }
+                out.push((next, written, Instant::now(), status));
+                next += interval;
+            }
+            out
+        }));
+    }
+    let mut all = vec![];
+    for t in tasks {
+        all.extend(t.await.expect("flood agent"));
+    }
+    all
+}
+
+/// Run the calling process's threads on `cpus` only (every thread it has now: the runtime's
+/// workers exist already), or on every CPU again with `None`.
+fn pin_self(cpus: Option<&[usize]>) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it; sched_setaffinity
+    // reads it. A thread that exited meanwhile makes the call fail, which is ignored.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        let all: Vec<usize> = (0..libc::CPU_SETSIZE as usize).collect();
+        for &c in cpus.unwrap_or(&all) {
+            libc::CPU_SET(c, &mut set);
+        }
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return;
+        };
+        for t in tasks.flatten() {
+            if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+                libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+    }
+}
+
+pub async fn run(bench: &mut Bench) {
+    let (p, http) = (bench.p, bench.http.clone());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        println!("flood: skipped (needs 2 CPUs, one for the member and one for the load)");
+        return;
+    }
+    let flags: Vec<String> = [
+        "--argon2-m-kib",
+        "1024",
+        "--argon2-t",
+        "1",
+        "--credential-pool",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let member_cpu = (cpus - 1).to_string();
+    let c = Cluster::start_pinned(
+        1,
+        Some(&member_cpu),
+        &bench.bin,
+        &bench.dir,
+        "flood",
+        &flags,
+    )
+    .await;
+    let url = c.url(0);
+    let tokens = load::create_tokens(&http, &url, p.flood_agents, 64).await;
+    let (agents, failed) = load::enrol(&http, std::slice::from_ref(&url), tokens, 0, 128).await;
+    assert_eq!(failed, 0, "flood: {failed} enrolments failed");
+    let (warmed, failures) = load::first_heartbeats(&http, std::slice::from_ref(&url), &agents).await;
+    assert_eq!(
+        warmed,
+        agents.len(),
+        "flood: first heartbeats: {failures:?}"
+    );
+    let agents = Arc::new(agents);
+    let generator: Vec<usize> = (0..cpus - 1).collect();
+    pin_self(Some(&generator));
+
+    // Capacity, closed-loop: 48 loops, below the member's admission limit (64 per CPU).
+    let cap = {
+        let (h, u, a) = (http.clone(), url.clone(), agents.clone());
+        load::drive(48, p.dur, move |_, n| {
+            let (h, u, a) = (h.clone(), u.clone(), a.clone());
+            async move { load::heartbeat(&h, &u, &a[n % a.len()]).await == Some(200) }
+        })
+        .await
+    };
+    let capacity = cap.rate();
+
+    // The flood: every agent at its own interval, twice the capacity in all.
+    let offered = 2.0 * capacity;
+    let interval = Duration::from_secs_f64(agents.len() as f64 / offered);
+    let secs = p.flood_secs;
+    println!(
+        "flood: capacity {capacity:.0}/s; offering {offered:.0}/s for {secs} s from {} agents",
+        agents.len()
+    );
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(secs);
+    let probe = {
+        let (h, u) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            let (mut lat, mut failed) = (vec![], 0);
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let ok = h
+                    .get(format!("{u}/api/v1/admin/node-enrollments"))
+                    .bearer_auth(ADMIN)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200);
+                if ok {
+                    lat.push(t.elapsed());
+                } else {
+                    failed += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Stats::new(lat, failed, secs as f64)
+        })
+    };
+    let n = agents.len();
+    let addr = url.trim_start_matches("https://").to_string();
+    let sent = flood(&addr, &agents, interval, deadline).await;
+    let wall = start.elapsed().as_secs_f64();
+    let probe = probe.await.expect("probe");
+    pin_self(None);
+
+    let (mut lat, mut lag, mut failed, mut shed) = (vec![], vec![], 0, 0);
+    for (sched, written, done, status) in &sent {
+        lag.push(*written - *sched);
+        match status {
+            Some(200) => lat.push(*done - *sched),
+            Some(503) | Some(429) => shed += 1,
+            _ => failed += 1,
+        }
+    }
+    let lag = Stats::new(lag, 0, wall);
+    let sent = sent.len();
+    let s = Stats::new(lat, failed, wall);
+    let met = s.pct(0.99) < 50.0 && probe.failed == 0 && s.failed == 0 && s.ok > 0;
+    bench.r.row(
+        "Flood at 2x measured heartbeat capacity (1 member on 1 CPU, load on the other)",
+        format!(
+            "capacity {capacity:.0}/s; offered {:.0}/s (send lag p99 {:.1} ms): {:.0}/s admitted, p99 {:.1} ms, {shed} shed, {failed} failed; admin reads {}/{} 200, p99 {:.1} ms",
+            sent as f64 / wall,
+            lag.pct(0.99),
+            s.rate(),
+            s.pct(0.99),
+            probe.ok,
+            probe.ok + probe.failed,
+            probe.pct(0.99),
+        ),
+        format!("{n} agents, one connection each; latency from the scheduled send"),
+        "admitted p99 < 50 ms, member serving",
+        Some(met),
+    );
+    bench.r.put(
+        "flood",
+        json!({"capacity_per_s": capacity, "capacity": cap.json(), "offered_per_s": sent as f64 / wall,
+               "agents": n, "send_lag": lag.json(), "admitted": s.json(), "shed": shed, "failed": failed,
+               "admin_reads": probe.json()}),
+    );
+    drop(c);
+}

@@ -419,6 +419,108 @@ async fn a_captured_peer_request_replayed_or_altered_is_refused() {
     assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
 }
 
+/// Files named `snapshot.incoming.*` anywhere under `dir`: snapshots being received.
+fn incoming_snapshots(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if e
+                .file_name()
+                .to_string_lossy()
+                .starts_with("snapshot.incoming.")
+            {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A snapshot streams to disk on the member receiving it; its digest is checked against the
+/// signed header once it is there. A body other than the one signed (a member's header on a
+/// stranger's bytes) is refused with 401, a signed body that is no snapshot with 400, and
+/// neither leaves a file behind or changes the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_snapshot_other_than_the_signed_one_is_refused_and_removed() {
+    // No credential pool: its background argon2 hashing (64 MiB each) would swamp the RSS
+    // figure below.
+    let c = Cluster::start_with(1, &["--credential-pool", "0"]).await;
+    let me = member_client(Some(1));
+    const SNAPSHOT: &str = "/internal/v1/raft/snapshot";
+    let url = format!("{}{SNAPSHOT}", c.url(1));
+    let before = c.cluster_view(1).await.unwrap();
+    // 8 MiB, more than any single read: it is streamed, not taken in one piece.
+    let signed_body = vec![7u8; 8 << 20];
+    let mut other = signed_body.clone();
+    other[5 << 20] ^= 1;
+    let header = peer_header("", 1, "POST", SNAPSHOT, &signed_body);
+    let (s, v) = peer_call(&me, "POST", &url, Some(header), other).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // Signed, but not a snapshot: the vote's length at its head is absurd.
+    let header = peer_header("", 1, "POST", SNAPSHOT, &signed_body);
+    let (s, v) = peer_call(&me, "POST", &url, Some(header), signed_body.clone()).await;
+    assert_eq!(refused(s, &v), (400, "bad_peer_body"), "{v}");
+    // Signed, a well-formed head, then bytes that fail the snapshot's checksum.
+    let mut forged = modelforge_raft::network::snapshot_head(1, 1);
+    forged.extend_from_slice(&[0u8; 4096]);
+    let header = peer_header("", 1, "POST", SNAPSHOT, &forged);
+    let (s, v) = peer_call(&me, "POST", &url, Some(header), forged).await;
+    assert_eq!(refused(s, &v), (400, "bad_peer_body"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("checksum"),
+        "{v}"
+    );
+    // 128 MiB behind a well-formed head: received to disk and checked there, in bounded
+    // memory. The member's peak RSS grows by far less than the body (buffered, it would grow by
+    // all of it).
+    let peak = || {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", c.pid(1).unwrap())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap()
+            * 1024
+    };
+    let before_peak = peak();
+    let mut big = modelforge_raft::network::snapshot_head(1, 1);
+    big.resize(big.len() + (128 << 20), 0);
+    let header = peer_header("", 1, "POST", SNAPSHOT, &big);
+    let (s, v) = peer_call(&me, "POST", &url, Some(header), big).await;
+    assert_eq!(refused(s, &v), (400, "bad_peer_body"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("checksum"),
+        "{v}"
+    );
+    let grew = peak().saturating_sub(before_peak);
+    assert!(
+        grew < 32 << 20,
+        "receiving 128 MiB raised the peak RSS by {} MiB",
+        grew >> 20
+    );
+    // Nothing left behind, nothing changed.
+    assert_eq!(
+        incoming_snapshots(&c.data_dir(1)),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let after = c.cluster_view(1).await.unwrap();
+    assert_eq!(after.snapshot_index, before.snapshot_index);
+    assert!(after.applied_index >= before.applied_index);
+    let (s, _) = call("GET", &format!("{}/healthz", c.url(1)), None, None).await;
+    assert_eq!(s, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_cannot_plant_a_verified_credential_cache_entry() {
     let mut c = Cluster::start(3).await;

@@ -92,6 +92,50 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     Ok(value)
 }
 
+fn decode_read_limited<T: DeserializeOwned, R: std::io::Read, const LIMIT: usize>(
+    reader: &mut R,
+) -> Result<T, bincode::error::DecodeError> {
+    bincode::serde::decode_from_std_read(reader, bincode::config::standard().with_limit::<LIMIT>())
+}
+
+/// Decode a value written by [`encode`] from the start of `reader`, whose record is
+/// `record_len` bytes long (the version byte included): the string-length limit is chosen from
+/// it as [`decode`] does. Reads only as far as the value goes, so this decodes the first field
+/// of a larger record too (a snapshot file's meta without its state); whether bytes follow is
+/// the caller's to check.
+pub fn decode_from_reader<T: DeserializeOwned, R: std::io::Read>(
+    reader: &mut R,
+    record_len: u64,
+) -> Result<T, CodecError> {
+    let mut version = [0u8; 1];
+    reader
+        .read_exact(&mut version)
+        .map_err(|_| CodecError::Empty)?;
+    if version[0] != FORMAT_VERSION {
+        return Err(CodecError::Version {
+            found: version[0],
+            expected: FORMAT_VERSION,
+        });
+    }
+    let n = usize::try_from(record_len)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(16);
+    let decoded = if n <= DECODE_LIMITS[0] {
+        decode_read_limited::<T, R, { DECODE_LIMITS[0] }>(reader)
+    } else if n <= DECODE_LIMITS[1] {
+        decode_read_limited::<T, R, { DECODE_LIMITS[1] }>(reader)
+    } else if n <= DECODE_LIMITS[2] {
+        decode_read_limited::<T, R, { DECODE_LIMITS[2] }>(reader)
+    } else if n <= DECODE_LIMITS[3] {
+        decode_read_limited::<T, R, { DECODE_LIMITS[3] }>(reader)
+    } else if n <= DECODE_LIMITS[4] {
+        decode_read_limited::<T, R, { DECODE_LIMITS[4] }>(reader)
+    } else {
+        decode_read_limited::<T, R, { DECODE_LIMITS[5] }>(reader)
+    };
+    decoded.map_err(|e| CodecError::Decode(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +173,32 @@ mod tests {
         ));
         assert!(matches!(decode::<Sample>(&[]), Err(CodecError::Empty)));
         assert!(decode::<Sample>(&bytes[..2]).is_err());
+    }
+
+    /// The reader decode reads one value and stops there: a record's first field decodes from
+    /// the head of the whole record, and a length of 2^40 is refused as by [`decode`].
+    #[test]
+    fn a_reader_decodes_the_first_value_and_stops() {
+        let v = (
+            7u64,
+            Sample {
+                a: 1,
+                b: None,
+                c: vec![9; 100],
+            },
+        );
+        let bytes = encode(&v).unwrap();
+        let mut r = std::io::Cursor::new(&bytes[..]);
+        let first: u64 = decode_from_reader(&mut r, bytes.len() as u64).unwrap();
+        assert_eq!(first, 7);
+        assert_eq!(r.position(), 2);
+        let mut r = std::io::Cursor::new(&bytes[..]);
+        let whole: (u64, Sample) = decode_from_reader(&mut r, bytes.len() as u64).unwrap();
+        assert_eq!(whole, v);
+        let mut huge = vec![FORMAT_VERSION, 7, 0, 0xfd];
+        huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        let mut r = std::io::Cursor::new(&huge[..]);
+        assert!(decode_from_reader::<(u64, Sample), _>(&mut r, huge.len() as u64).is_err());
     }
 
     /// A length field of 2^40 (in a string, and in a sequence) is refused, not allocated: the

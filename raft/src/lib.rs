@@ -17,7 +17,6 @@ pub mod state_machine;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +59,7 @@ openraft::declare_raft_types!(
 );
 
 pub type Raft<A> = openraft::Raft<TypeConfig, StateMachine<A>>;
-pub type SnapshotData = Cursor<Vec<u8>>;
+pub use crate::state_machine::SnapshotData;
 
 /// The replicated application: a deterministic function of (state, command).
 ///
@@ -148,6 +147,8 @@ pub struct ClusterStatus {
 pub struct Consensus<A: Application> {
     raft: Raft<A>,
     id: u64,
+    /// The member's Raft dir (snapshots from the leader are received into it).
+    dir: std::path::PathBuf,
     /// Closed on shutdown, so that the data dir can be opened again in the same process.
     log: LogStore,
 }
@@ -157,6 +158,7 @@ impl<A: Application> Clone for Consensus<A> {
         Self {
             raft: self.raft.clone(),
             id: self.id,
+            dir: self.dir.clone(),
             log: self.log.clone(),
         }
     }
@@ -209,7 +211,12 @@ impl<A: Application> Consensus<A> {
             .await
             .map_err(|e| anyhow_like::Error(e.to_string()))?;
         pace_snapshots(raft.clone(), pacing, tuning.snapshot_every_logs.max(1));
-        Ok(Self { raft, id, log })
+        Ok(Self {
+            raft,
+            id,
+            dir: dir.to_path_buf(),
+            log,
+        })
     }
 
     pub fn id(&self) -> u64 {
@@ -342,13 +349,41 @@ impl<A: Application> Consensus<A> {
         }
     }
 
-    /// Answer a peer RPC (already authenticated by the caller); the body is codec-encoded.
+    /// Answer a peer RPC (already authenticated by the caller) whose whole body is at hand.
     pub async fn handle_peer_rpc(
         &self,
         kind: &str,
         body: &[u8],
     ) -> Result<Vec<u8>, network::PeerRpcError> {
+        if kind == network::SNAPSHOT_RPC {
+            let chunk = bytes::Bytes::copy_from_slice(body);
+            let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(chunk) });
+            let received = self.receive_snapshot(Box::pin(body)).await?;
+            return self.install_snapshot(received).await;
+        }
         network::serve(&self.raft, kind, body).await
+    }
+
+    /// Receive a snapshot RPC's body from the leader as it streams in, into a file in the
+    /// member's dir (at most [`network::SNAPSHOT_MAX`] bytes); the caller checks its digest
+    /// against the signed peer header before [`Consensus::install_snapshot`].
+    pub async fn receive_snapshot<S, E>(
+        &self,
+        body: S,
+    ) -> Result<network::ReceivedSnapshot, network::PeerRpcError>
+    where
+        S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        network::receive_snapshot(&self.dir, body, network::SNAPSHOT_MAX).await
+    }
+
+    /// Install a received snapshot (checked first, in bounded memory).
+    pub async fn install_snapshot(
+        &self,
+        received: network::ReceivedSnapshot,
+    ) -> Result<Vec<u8>, network::PeerRpcError> {
+        network::install_received(&self.raft, received).await
     }
 
     /// Ask for a snapshot now (tests and operators).

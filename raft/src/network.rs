@@ -3,11 +3,20 @@
 //! Bodies are codec-encoded. Every request carries the signed peer header (`peer_auth`); the receiving
 //! member's HTTP layer checks it before calling [`serve`]. A connection failure is reported to
 //! openraft as `Unreachable` (it backs off); anything else as a network error.
+//!
+//! A snapshot streams: its body is `u32 le length ++ codec(vote) ++ the snapshot file`, sent
+//! from the file in chunks (the header signs its digest, taken in one pass over the file
+//! first) and received into a file in chunks ([`receive_snapshot`]), checked against the
+//! header and installed from disk ([`install_received`]). Neither side holds it in memory.
 
 use std::future::Future;
 use std::io::Cursor;
+use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::TryStreamExt;
 use openraft::BasicNode;
 use openraft::OptionalSend;
 use openraft::RaftNetworkFactory;
@@ -29,9 +38,13 @@ use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sha2::Digest;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
 
 use crate::Application;
 use crate::Raft;
+use crate::SnapshotData;
 use crate::TypeConfig;
 use crate::codec;
 use crate::peer_auth::PeerSigner;
@@ -42,6 +55,14 @@ type C = TypeConfig;
 pub const PEER_HEADER: &str = "x-modelforge-peer";
 /// Path prefix of the peer RPC endpoints.
 pub const RPC_PREFIX: &str = "/internal/v1/raft/";
+/// The kind of the snapshot RPC, whose body streams (`{RPC_PREFIX}snapshot`).
+pub const SNAPSHOT_RPC: &str = "snapshot";
+/// The largest snapshot body a member receives.
+pub const SNAPSHOT_MAX: u64 = 1 << 30;
+/// The largest encoded vote at the head of a snapshot body.
+const VOTE_MAX: usize = 4096;
+/// Chunks of a snapshot body as it is read from disk.
+const CHUNK: usize = 256 << 10;
 
 /// Creates peer clients; all share one HTTP connection pool.
 #[derive(Clone)]
@@ -100,12 +121,26 @@ impl PeerClient {
     ) -> Result<Resp, RPCError<C>> {
         let body = codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let path = format!("{RPC_PREFIX}{kind}");
+        let header = self.net.signer.sign("POST", &path, &body, 0);
+        self.post(kind, &path, header, reqwest::Body::from(body), timeout)
+            .await
+    }
+
+    /// POST `body` to `path` under the signed `header`; the decoded answer.
+    async fn post<Resp: DeserializeOwned>(
+        &self,
+        kind: &str,
+        path: &str,
+        header: String,
+        body: reqwest::Body,
+        timeout: Duration,
+    ) -> Result<Resp, RPCError<C>> {
         let url = format!("{}{path}", self.base);
         let resp = self
             .net
             .http
             .post(&url)
-            .header(PEER_HEADER, self.net.signer.sign("POST", &path, &body, 0))
+            .header(PEER_HEADER, header)
             .header("content-type", "application/octet-stream")
             .timeout(timeout)
             .body(body)
@@ -136,8 +171,105 @@ impl PeerClient {
     }
 }
 
+impl PeerClient {
+    /// Stream a snapshot file to the peer (see the module's doc).
+    async fn send_snapshot(
+        &self,
+        vote: &VoteOf<C>,
+        data: &SnapshotData,
+        timeout: Duration,
+    ) -> Result<SnapshotResponse<C>, RPCError<C>> {
+        let io_err = |e: std::io::Error| RPCError::Network(NetworkError::new(&e));
+        let prefix = vote_prefix(vote).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let file = data.reader().map_err(io_err)?;
+        let head = prefix.clone();
+        let (digest, file) = tokio::task::spawn_blocking(move || {
+            let mut file = file;
+            let digest = digest_of(&head, &mut file)?;
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;
+            Ok::<_, std::io::Error>((digest, file))
+        })
+        .await
+        .map_err(|e| io_err(std::io::Error::other(e)))?
+        .map_err(io_err)?;
+        let path = format!("{RPC_PREFIX}{SNAPSHOT_RPC}");
+        let header = self.net.signer.sign_digest("POST", &path, digest, 0);
+        self.post(
+            SNAPSHOT_RPC,
+            &path,
+            header,
+            file_body(prefix, file),
+            timeout,
+        )
+        .await
+    }
+}
+
+/// `u32 le length ++ codec(vote)`: the head of a snapshot body.
+fn vote_prefix(vote: &VoteOf<C>) -> Result<Vec<u8>, codec::CodecError> {
+    let v = codec::encode(vote)?;
+    let mut out = (v.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(&v);
+    Ok(out)
+}
+
+/// The head of a snapshot body as leader `node` of `term` sends it (tests forge bodies).
+pub fn snapshot_head(term: u64, node: u64) -> Vec<u8> {
+    vote_prefix(&VoteOf::<C>::new(term, node)).expect("a vote encodes")
+}
+
+/// The vote at the head of a snapshot body, and how many bytes it took; None while `buf` is
+/// too short to tell.
+fn parse_vote_prefix(buf: &[u8]) -> Result<Option<(VoteOf<C>, usize)>, PeerRpcError> {
+    let Some(len) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if len > VOTE_MAX {
+        return Err(PeerRpcError::Snapshot(format!(
+            "the snapshot's vote claims {len} bytes"
+        )));
+    }
+    let Some(v) = buf.get(4..4 + len) else {
+        return Ok(None);
+    };
+    Ok(Some((decode_body(v)?, 4 + len)))
+}
+
+/// SHA-256 of `head ++ file` (read from its current position), in one pass.
+fn digest_of(head: &[u8], file: &mut std::fs::File) -> std::io::Result<[u8; 32]> {
+    use std::io::Read;
+    let mut h = sha2::Sha256::new();
+    h.update(head);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(h.finalize().into());
+        }
+        h.update(&buf[..n]);
+    }
+}
+
+/// A request body of `head` then `file` from its current position, in chunks of [`CHUNK`].
+fn file_body(head: Vec<u8>, file: std::fs::File) -> reqwest::Body {
+    let head = futures_util::stream::once(async move { Ok(bytes::Bytes::from(head)) });
+    let rest =
+        futures_util::stream::try_unfold(tokio::fs::File::from_std(file), |mut f| async move {
+            let mut buf = vec![0u8; CHUNK];
+            let n = f.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(None);
+            }
+            buf.truncate(n);
+            Ok(Some((bytes::Bytes::from(buf), f)))
+        });
+    let frames = head.chain(rest).map_ok(http_body::Frame::data);
+    reqwest::Body::wrap(http_body_util::StreamBody::new(frames))
+}
+
 impl RaftNetworkV2<C> for PeerClient {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
@@ -175,11 +307,10 @@ impl RaftNetworkV2<C> for PeerClient {
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<C>, StreamingError<C>> {
-        let req = (vote, snapshot.meta, snapshot.snapshot.into_inner());
         let timeout = option.hard_ttl().max(Duration::from_secs(10));
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
-            res = self.call("snapshot", &req, timeout) => Ok(res?),
+            res = self.send_snapshot(&vote, &snapshot.snapshot, timeout) => Ok(res?),
         }
     }
 }
@@ -193,6 +324,12 @@ pub enum PeerRpcError {
     BadBody(codec::CodecError),
     #[error("raft refused the rpc: {0}")]
     Raft(String),
+    #[error("the snapshot body is over {SNAPSHOT_MAX} bytes")]
+    TooLarge,
+    #[error("the snapshot does not check: {0}")]
+    Snapshot(String),
+    #[error("the snapshot could not be received: {0}")]
+    Io(String),
 }
 
 fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, PeerRpcError> {
@@ -208,7 +345,9 @@ pub enum PeerRpc {
     Append(AppendEntriesRequest<C>),
     Vote(VoteRequest<C>),
     PreVote(VoteRequest<C>),
-    Snapshot(VoteOf<C>, SnapshotMetaOf<C>, Vec<u8>),
+    /// A whole snapshot body: its vote, and its file's meta and length once checked (served
+    /// through [`receive_snapshot`], which streams; decoded whole only here, for the fuzzer).
+    Snapshot(VoteOf<C>, SnapshotMetaOf<C>, u64),
 }
 
 /// Decode the body of a peer RPC of kind `kind`. Any bytes: an error, never a panic.
@@ -217,9 +356,18 @@ pub fn decode_rpc(kind: &str, body: &[u8]) -> Result<PeerRpc, PeerRpcError> {
         "append" => PeerRpc::Append(decode_body(body)?),
         "vote" => PeerRpc::Vote(decode_body(body)?),
         "pre-vote" => PeerRpc::PreVote(decode_body(body)?),
-        "snapshot" => {
-            let (vote, meta, data) = decode_body(body)?;
-            PeerRpc::Snapshot(vote, meta, data)
+        SNAPSHOT_RPC => {
+            let Some((vote, used)) = parse_vote_prefix(body)? else {
+                return Err(PeerRpcError::Snapshot(
+                    "the body ends inside its vote".into(),
+                ));
+            };
+            let mut file = Cursor::new(&body[used..]);
+            let snapshot_err = |e: std::io::Error| PeerRpcError::Snapshot(e.to_string());
+            let (meta, len) =
+                crate::state_machine::check_snapshot(&mut file).map_err(snapshot_err)?;
+            crate::state_machine::read_snapshot(&mut file, len).map_err(snapshot_err)?;
+            PeerRpc::Snapshot(vote, meta, len)
         }
         other => return Err(PeerRpcError::Unknown(other.to_string())),
     })
@@ -241,17 +389,219 @@ pub async fn serve<A: Application>(
         }
         PeerRpc::Vote(req) => encode_reply(&raft.vote(req).await.map_err(|e| raft_err(&e))?),
         PeerRpc::PreVote(req) => encode_reply(&raft.pre_vote(req).await.map_err(|e| raft_err(&e))?),
-        PeerRpc::Snapshot(vote, meta, data) => {
-            let snapshot = Snapshot {
-                meta,
-                snapshot: Cursor::new(data),
-            };
-            encode_reply(
-                &raft
-                    .install_full_snapshot(vote, snapshot)
-                    .await
-                    .map_err(|e| raft_err(&e))?,
-            )
+        PeerRpc::Snapshot(..) => Err(PeerRpcError::Unknown(
+            "snapshot bodies stream: Consensus::receive_snapshot".into(),
+        )),
+    }
+}
+
+/// A snapshot streamed in from the leader: on disk in the member's dir, not installed yet
+/// (dropped, its file is removed).
+pub struct ReceivedSnapshot {
+    vote: Option<VoteOf<C>>,
+    /// Why the body is no snapshot body (found while it streamed in; reported only after the
+    /// caller has checked the body is the signed one).
+    invalid: Option<String>,
+    path: Option<PathBuf>,
+    body_sha256: [u8; 32],
+    bytes: u64,
+}
+
+impl ReceivedSnapshot {
+    /// SHA-256 of the whole body as received (to compare with the signed peer header).
+    pub fn body_sha256(&self) -> [u8; 32] {
+        self.body_sha256
+    }
+
+    /// Bytes of the body.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for ReceivedSnapshot {
+    fn drop(&mut self) {
+        if let Some(p) = self.path.take() {
+            let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// Receive a snapshot body into `<dir>/snapshot.incoming.<random>` as it streams in: the vote
+/// parsed from its head, the rest written through a buffer, the whole hashed; at most `max`
+/// bytes. Memory: one chunk and the buffer, whatever the snapshot's size. A head that does not
+/// parse stops the writing but not the hashing: the caller first checks the body is the one
+/// its header signed, and [`install_received`] then refuses it.
+pub async fn receive_snapshot<S, E>(
+    dir: &Path,
+    mut body: S,
+    max: u64,
+) -> Result<ReceivedSnapshot, PeerRpcError>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let io = |e: std::io::Error| PeerRpcError::Io(e.to_string());
+    let nonce: [u8; 8] = rand_bytes();
+    let name: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("{}{name}", crate::state_machine::INCOMING_PREFIX));
+    let file = tokio::fs::File::create(&path).await.map_err(io)?;
+    let mut received = ReceivedSnapshot {
+        vote: None,
+        invalid: None,
+        path: Some(path),
+        body_sha256: [0; 32],
+        bytes: 0,
+    };
+    let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+    let mut hasher = sha2::Sha256::new();
+    let mut head: Option<Vec<u8>> = Some(vec![]);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| PeerRpcError::Io(e.to_string()))?;
+        received.bytes += chunk.len() as u64;
+        if received.bytes > max {
+            return Err(PeerRpcError::TooLarge);
+        }
+        hasher.update(&chunk);
+        if received.invalid.is_some() {
+            continue;
+        }
+        match head.as_mut() {
+            None => out.write_all(&chunk).await.map_err(io)?,
+            Some(h) => {
+                h.extend_from_slice(&chunk);
+                match parse_vote_prefix(h) {
+                    Ok(None) => {}
+                    Ok(Some((vote, used))) => {
+                        received.vote = Some(vote);
+                        out.write_all(&h[used..]).await.map_err(io)?;
+                        head = None;
+                    }
+                    Err(e) => received.invalid = Some(e.to_string()),
+                }
+            }
+        }
+    }
+    if head.is_some() && received.invalid.is_none() {
+        received.invalid = Some("the body ends inside its vote".into());
+    }
+    out.flush().await.map_err(io)?;
+    received.body_sha256 = hasher.finalize().into();
+    Ok(received)
+}
+
+/// Install a received snapshot: its file checked (checksum, meta) in bounded memory, then
+/// handed to openraft, which installs it from disk (see `state_machine`).
+pub async fn install_received<A: Application>(
+    raft: &Raft<A>,
+    mut received: ReceivedSnapshot,
+) -> Result<Vec<u8>, PeerRpcError> {
+    if let Some(why) = received.invalid.take() {
+        return Err(PeerRpcError::Snapshot(why));
+    }
+    let path = received
+        .path
+        .take()
+        .ok_or_else(|| PeerRpcError::Io("the snapshot was installed already".into()))?;
+    let (meta, data) = tokio::task::spawn_blocking(move || SnapshotData::received(path))
+        .await
+        .map_err(|e| PeerRpcError::Io(e.to_string()))?
+        .map_err(|e| PeerRpcError::Snapshot(e.to_string()))?;
+    let vote = received
+        .vote
+        .ok_or_else(|| PeerRpcError::Snapshot("the body ends inside its vote".into()))?;
+    let answer = raft
+        .install_full_snapshot(
+            vote,
+            Snapshot {
+                meta,
+                snapshot: data,
+            },
+        )
+        .await
+        .map_err(|e| PeerRpcError::Raft(e.to_string()))?;
+    encode_reply(&answer)
+}
+
+fn rand_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).expect("the OS random source");
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(
+        body: &[u8],
+        size: usize,
+    ) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin {
+        let parts: Vec<Result<bytes::Bytes, std::io::Error>> = body
+            .chunks(size)
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        futures_util::stream::iter(parts)
+    }
+
+    fn incoming(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(crate::state_machine::INCOMING_PREFIX)
+            })
+            .count()
+    }
+
+    /// A body arriving in chunks of 3 bytes (its vote split across them) lands on disk as the
+    /// snapshot file alone, hashed whole; dropped uninstalled, the file is removed.
+    #[tokio::test]
+    async fn a_snapshot_body_streams_to_a_file_in_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut body = snapshot_head(3, 2);
+        let head = body.len();
+        body.extend((0..100_000u32).map(|i| (i % 251) as u8));
+        let r = receive_snapshot(dir.path(), chunks(&body, 3), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(r.bytes(), body.len() as u64);
+        let digest: [u8; 32] = sha2::Sha256::digest(&body).into();
+        assert_eq!(r.body_sha256(), digest);
+        assert_eq!(r.vote, Some(VoteOf::<C>::new(3, 2)));
+        let path = r.path.clone().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), body[head..]);
+        drop(r);
+        assert_eq!(incoming(dir.path()), 0);
+    }
+
+    /// Over the cap, cut inside the vote, or a vote claiming more than a vote can be: refused,
+    /// and no file is left behind.
+    #[tokio::test]
+    async fn an_oversized_or_truncated_snapshot_body_is_refused_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut body = snapshot_head(1, 1);
+        body.extend(vec![0u8; 10_000]);
+        let e = receive_snapshot(dir.path(), chunks(&body, 1000), 5_000).await;
+        assert!(matches!(e, Err(PeerRpcError::TooLarge)));
+        let head = snapshot_head(1, 1);
+        let r = receive_snapshot(dir.path(), chunks(&head[..head.len() - 1], 2), 5_000)
+            .await
+            .unwrap();
+        assert!(r.invalid.as_deref().unwrap().contains("inside its vote"));
+        drop(r);
+        let mut huge = (1u32 << 30).to_le_bytes().to_vec();
+        huge.extend(vec![0u8; 64]);
+        let r = receive_snapshot(dir.path(), chunks(&huge, 8), 5_000)
+            .await
+            .unwrap();
+        // Hashed whole all the same, for the caller's check against the signed header.
+        let digest: [u8; 32] = sha2::Sha256::digest(&huge).into();
+        assert_eq!(r.body_sha256(), digest);
+        assert!(r.invalid.as_deref().unwrap().contains("claims"));
+        drop(r);
+        assert_eq!(incoming(dir.path()), 0);
     }
 }

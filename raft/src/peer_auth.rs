@@ -54,13 +54,39 @@ impl PeerSigner {
     /// The header value for one request (a new nonce and timestamp on every call, so a retried
     /// request is signed anew).
     pub fn sign(&self, method: &str, path_and_query: &str, body: &[u8], hops: u32) -> String {
+        self.sign_digest(
+            method,
+            path_and_query,
+            sha2::Sha256::digest(body).into(),
+            hops,
+        )
+    }
+
+    /// [`Self::sign`] for a body known by its SHA-256 (a body streamed from a file).
+    pub fn sign_digest(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        body_sha256: [u8; 32],
+        hops: u32,
+    ) -> String {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).expect("the operating system's random source works");
         let at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        self.sign_at(method, path_and_query, body, hops, at_ms, nonce)
+        self.header(
+            method,
+            path_and_query,
+            hops,
+            Signed {
+                from: self.from,
+                at_ms,
+                nonce,
+                body_sha256,
+            },
+        )
     }
 
     /// [`Self::sign`] with a given time and nonce (tests forge old and repeated headers).
@@ -79,6 +105,10 @@ impl PeerSigner {
             nonce,
             body_sha256: sha2::Sha256::digest(body).into(),
         };
+        self.header(method, path_and_query, hops, signed)
+    }
+
+    fn header(&self, method: &str, path_and_query: &str, hops: u32, signed: Signed) -> String {
         let mac = mac(&self.key, method, path_and_query, hops, &signed);
         format!(
             "{VERSION}.{}.{}.{}.{}.{}",
@@ -130,7 +160,12 @@ pub fn check(
 
 /// Whether `body` is the one the header signed.
 pub fn body_matches(signed: &Signed, body: &[u8]) -> bool {
-    let digest: [u8; 32] = sha2::Sha256::digest(body).into();
+    digest_matches(signed, &sha2::Sha256::digest(body).into())
+}
+
+/// Whether a body whose SHA-256 is `digest` (taken as it streamed in) is the one the header
+/// signed.
+pub fn digest_matches(signed: &Signed, digest: &[u8; 32]) -> bool {
     bool::from(digest.ct_eq(&signed.body_sha256))
 }
 

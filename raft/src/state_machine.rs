@@ -7,9 +7,17 @@
 //!
 //! Snapshot file layout: `crc32(le) ++ codec(SnapshotFile)`, written to a temporary file,
 //! fsynced and renamed over the old one (then the directory is fsynced).
+//!
+//! A snapshot travels as its file ([`SnapshotData`], an open handle): the leader streams it to
+//! a follower from disk, and the follower streams it to a file of its own before installing
+//! it, so neither holds the snapshot's bytes in memory to send or receive it. Both check it in
+//! bounded memory (the checksum over the file, the meta from its head) before anything else.
 
 use std::io;
-use std::io::Cursor;
+use std::io::BufReader;
+use std::io::Read;
+use std::io::Seek;
+use std::io::SeekFrom;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,11 +46,121 @@ use crate::codec;
 type C = TypeConfig;
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
+/// Snapshots being received from the leader: `<prefix><random hex>`, in the member's dir (so
+/// that installing one is a rename); leftovers of a crash are removed at open.
+pub(crate) const INCOMING_PREFIX: &str = "snapshot.incoming.";
 
 #[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMetaOf<C>,
-    data: Vec<u8>,
+pub(crate) struct SnapshotFile {
+    pub(crate) meta: SnapshotMetaOf<C>,
+    pub(crate) data: Vec<u8>,
+}
+
+/// A snapshot's bytes: an open snapshot file (layout above) and its length. The handle keeps
+/// the file readable when a newer snapshot replaces its name, so a leader can stream one while
+/// it builds the next. `incoming` names a file received from the leader in this member's dir:
+/// installing moves it into place instead of copying it, and dropping it uninstalled removes it.
+pub struct SnapshotData {
+    file: std::fs::File,
+    len: u64,
+    incoming: Option<PathBuf>,
+}
+
+impl SnapshotData {
+    /// The snapshot file's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Another handle on the same file, positioned at its start (to stream it out).
+    pub fn reader(&self) -> io::Result<std::fs::File> {
+        let mut f = self.file.try_clone()?;
+        f.seek(SeekFrom::Start(0))?;
+        Ok(f)
+    }
+
+    /// A received snapshot file at `path`: checked (checksum, meta) in bounded memory; its meta
+    /// and the data to install. The file is removed if it does not check.
+    pub(crate) fn received(path: PathBuf) -> io::Result<(SnapshotMetaOf<C>, Self)> {
+        let checked = std::fs::File::open(&path).and_then(|mut f| {
+            let (meta, len) = check_snapshot(&mut f)?;
+            Ok((meta, f, len))
+        });
+        match checked {
+            Ok((meta, file, len)) => Ok((
+                meta,
+                SnapshotData {
+                    file,
+                    len,
+                    incoming: Some(path),
+                },
+            )),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for SnapshotData {
+    fn drop(&mut self) {
+        if let Some(p) = self.incoming.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Check a snapshot file in bounded memory: its checksum over the whole file, then its meta
+/// decoded from the head. Returns the meta and the file's length; the reader is left anywhere.
+pub(crate) fn check_snapshot<R: Read + Seek>(r: &mut R) -> io::Result<(SnapshotMetaOf<C>, u64)> {
+    let len = r.seek(SeekFrom::End(0))?;
+    r.seek(SeekFrom::Start(0))?;
+    if len < 5 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the snapshot is truncated",
+        ));
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, &mut *r);
+    let mut crc = [0u8; 4];
+    reader.read_exact(&mut crc)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    if hasher.finalize() != u32::from_le_bytes(crc) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the snapshot fails its checksum",
+        ));
+    }
+    drop(reader);
+    r.seek(SeekFrom::Start(4))?;
+    let meta = codec::decode_from_reader(&mut BufReader::new(&mut *r), len - 4)?;
+    Ok((meta, len))
+}
+
+/// Decode a whole snapshot file of `len` bytes (checked with [`check_snapshot`] first),
+/// reading it once: the state's bytes are the only copy in memory.
+pub(crate) fn read_snapshot<R: Read + Seek>(r: &mut R, len: u64) -> io::Result<SnapshotFile> {
+    r.seek(SeekFrom::Start(4))?;
+    let mut reader = BufReader::with_capacity(1 << 20, &mut *r);
+    let file: SnapshotFile = codec::decode_from_reader(&mut reader, len - 4)?;
+    let mut extra = [0u8; 1];
+    if reader.read(&mut extra)? != 0 {
+        return Err(codec::CodecError::Trailing(1).into());
+    }
+    Ok(file)
 }
 
 struct Applied {
@@ -144,6 +262,13 @@ impl Drop for BuildGuard<'_> {
 impl<A: Application> StateMachine<A> {
     /// Load the snapshot under `dir`, if any, into `app`.
     pub fn open(dir: &Path, app: Arc<A>) -> io::Result<Self> {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(INCOMING_PREFIX) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         let mut applied = Applied {
             last_applied: None,
             membership: Default::default(),
@@ -169,48 +294,60 @@ impl<A: Application> StateMachine<A> {
 
 fn read_snapshot_file(dir: &Path) -> io::Result<Option<SnapshotFile>> {
     let path = dir.join(SNAPSHOT_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
+    let mut f = match std::fs::File::open(&path) {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    if bytes.len() < 4 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} is truncated", path.display()),
-        ));
-    }
-    let (crc, body) = bytes.split_at(4);
-    let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-    if crc32fast::hash(body) != crc {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} fails its checksum", path.display()),
-        ));
-    }
-    Ok(Some(codec::decode(body)?))
+    check_snapshot(&mut f)
+        .and_then(|(_, len)| read_snapshot(&mut f, len))
+        .map(Some)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
-fn write_snapshot_file(dir: &Path, file: &SnapshotFile) -> io::Result<()> {
+/// Write `file` as the member's snapshot; a handle on what was written (the same inode,
+/// whatever replaces the name later) and its length.
+fn write_snapshot_file(dir: &Path, file: &SnapshotFile) -> io::Result<SnapshotData> {
     let body = codec::encode(file)?;
-    let mut bytes = crc32fast::hash(&body).to_le_bytes().to_vec();
-    bytes.extend_from_slice(&body);
     let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-    {
+    let f = {
         use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(&crc32fast::hash(&body).to_le_bytes())?;
+        f.write_all(&body)?;
         f.sync_all()?;
-    }
+        f
+    };
     std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(SnapshotData {
+        file: f,
+        len: 4 + body.len() as u64,
+        incoming: None,
+    })
+}
+
+/// Move a received snapshot file into place as the member's snapshot (fsynced, renamed, the
+/// directory fsynced).
+fn place_received(dir: &Path, data: &mut SnapshotData) -> io::Result<()> {
+    data.file.sync_all()?;
+    let Some(path) = data.incoming.take() else {
+        return Err(io::Error::other("not a received snapshot"));
+    };
+    std::fs::rename(&path, dir.join(SNAPSHOT_FILE))?;
     std::fs::File::open(dir)?.sync_all()?;
     Ok(())
 }
 
 impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
-    async fn build_snapshot(&mut self) -> Result<SnapshotOf<C, Cursor<Vec<u8>>>, io::Error> {
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<C, SnapshotData>, io::Error> {
         let build = self.pacing.started();
         let (meta, data) = {
             let applied = self.applied.lock().await;
@@ -230,25 +367,24 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
             data,
         };
         let dir = self.dir.clone();
-        let file =
-            tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file).map(|_| file))
-                .await
-                .map_err(io::Error::other)??;
+        let data = tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file))
+            .await
+            .map_err(io::Error::other)??;
         tracing::info!(
             last_log_id = ?meta.last_log_id,
-            bytes = file.data.len(),
+            bytes = data.len(),
             took_ms = build.started.elapsed().as_millis() as u64,
             "built snapshot"
         );
-        Ok(SnapshotOf::<C, Cursor<Vec<u8>>> {
+        Ok(SnapshotOf::<C, SnapshotData> {
             meta,
-            snapshot: Cursor::new(file.data),
+            snapshot: data,
         })
     }
 }
 
 impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
     async fn applied_state(
@@ -292,19 +428,40 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
         meta: &SnapshotMetaOf<C>,
         snapshot: Self::SnapshotData,
     ) -> Result<(), io::Error> {
-        let data = snapshot.into_inner();
+        // Checked and decoded off the async workers, reading the file once more: the decoded
+        // state is the only copy of the snapshot in memory.
+        let (mut data, file) = tokio::task::spawn_blocking(move || {
+            let mut data = snapshot;
+            let mut f = data.file.try_clone()?;
+            let (_, len) = check_snapshot(&mut f)?;
+            let file = read_snapshot(&mut f, len)?;
+            data.len = len;
+            Ok::<_, io::Error>((data, file))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        if file.meta.last_log_id != meta.last_log_id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the snapshot's file does not hold the snapshot openraft names",
+            ));
+        }
         let mut applied = self.applied.lock().await;
-        self.app.restore(&data)?;
+        self.app.restore(&file.data)?;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data,
-        };
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file))
-            .await
-            .map_err(io::Error::other)??;
+        // A file received from the leader is moved into place; any other (a snapshot of
+        // another store, as openraft's storage suite installs) is written anew.
+        tokio::task::spawn_blocking(move || {
+            if data.incoming.is_some() {
+                place_received(&dir, &mut data)
+            } else {
+                write_snapshot_file(&dir, &file).map(|_| ())
+            }
+        })
+        .await
+        .map_err(io::Error::other)??;
         tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
         Ok(())
     }
@@ -312,14 +469,25 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<SnapshotOf<C, Self::SnapshotData>>, io::Error> {
-        let dir = self.dir.clone();
-        let file = tokio::task::spawn_blocking(move || read_snapshot_file(&dir))
-            .await
-            .map_err(io::Error::other)??;
-        Ok(file.map(|f| SnapshotOf::<C, Cursor<Vec<u8>>> {
-            meta: f.meta,
-            snapshot: Cursor::new(f.data),
-        }))
+        let path = self.dir.join(SNAPSHOT_FILE);
+        tokio::task::spawn_blocking(move || {
+            let mut file = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let (meta, len) = check_snapshot(&mut file)?;
+            Ok(Some(SnapshotOf::<C, SnapshotData> {
+                meta,
+                snapshot: SnapshotData {
+                    file,
+                    len,
+                    incoming: None,
+                },
+            }))
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 }
 

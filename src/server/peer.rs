@@ -30,9 +30,10 @@ pub const READ_INDEX: &str = "/internal/v1/read-index";
 /// Verified-credential cache entries shared by the leader.
 pub const VERIFIED: &str = "/internal/v1/verified";
 
-/// The most a Raft RPC body may hold (a full snapshot travels in one).
-const RAFT_BODY_MAX: usize = 1 << 30;
-/// The most any other peer body may hold (a proposal, a batch of verified-cache entries).
+/// A snapshot from the leader, streamed to disk (`peer_snapshot`), never buffered here.
+pub const SNAPSHOT: &str = "/internal/v1/raft/snapshot";
+/// The most any other peer body may hold (a Raft append or vote, a proposal, a batch of
+/// verified-cache entries); read whole, after authentication.
 const PEER_BODY_MAX: usize = 64 << 20;
 
 /// The gate of every peer endpoint. Before the body is read: with TLS on, the connection's
@@ -57,13 +58,13 @@ async fn authenticate(
     req: axum::extract::Request,
 ) -> Result<axum::extract::Request, ApiError> {
     let signed = verify_peer(ctx, &req)?;
-    let cap = if req.uri().path().starts_with(RAFT) {
-        RAFT_BODY_MAX
-    } else {
-        PEER_BODY_MAX
-    };
     let (mut parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, cap)
+    if parts.uri.path() == SNAPSHOT {
+        // Streamed by its handler, which checks the digest once the body is on disk.
+        parts.extensions.insert(signed);
+        return Ok(axum::extract::Request::from_parts(parts, body));
+    }
+    let bytes = axum::body::to_bytes(body, PEER_BODY_MAX)
         .await
         .map_err(|_| ApiError::too_large())?;
     super::peer_auth::require_body(&signed, &bytes)?;
@@ -117,14 +118,45 @@ pub(super) async fn peer_rpc(
 ) -> Result<Response, ApiError> {
     match ctx.consensus.handle_peer_rpc(&kind, &body).await {
         Ok(bytes) => Ok(([("content-type", "application/octet-stream")], bytes).into_response()),
-        Err(modelforge_raft::network::PeerRpcError::Unknown(_)) => {
-            Err(ApiError::new(ErrorCode::NotFound, "no such peer rpc"))
-        }
-        Err(modelforge_raft::network::PeerRpcError::BadBody(e)) => {
-            Err(ApiError::new(ErrorCode::BadPeerBody, e.to_string()))
-        }
-        Err(e) => Err(ApiError::new(ErrorCode::RaftUnavailable, e.to_string())),
+        Err(e) => Err(rpc_error(e)),
     }
+}
+
+fn rpc_error(e: modelforge_raft::network::PeerRpcError) -> ApiError {
+    use modelforge_raft::network::PeerRpcError as E;
+    match e {
+        E::Unknown(_) => ApiError::new(ErrorCode::NotFound, "no such peer rpc"),
+        E::BadBody(e) => ApiError::new(ErrorCode::BadPeerBody, e.to_string()),
+        E::Snapshot(m) => ApiError::new(ErrorCode::BadPeerBody, m),
+        E::TooLarge => ApiError::too_large(),
+        e => ApiError::new(ErrorCode::RaftUnavailable, e.to_string()),
+    }
+}
+
+/// A snapshot from the leader: streamed into a file in the member's dir as it arrives (at
+/// most 1 GiB; memory: a chunk and a write buffer), its digest compared with the signed
+/// header, then installed from disk. A body that is not the signed one is removed unread.
+pub(super) async fn peer_snapshot(
+    State(ctx): State<Shared>,
+    axum::Extension(signed): axum::Extension<Signed>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let received = ctx
+        .consensus
+        .receive_snapshot(body.into_data_stream())
+        .await
+        .map_err(rpc_error)?;
+    super::peer_auth::require_digest(&signed, &received.body_sha256())?;
+    tracing::info!(
+        bytes = received.bytes(),
+        "received a snapshot from the leader"
+    );
+    let bytes = ctx
+        .consensus
+        .install_snapshot(received)
+        .await
+        .map_err(rpc_error)?;
+    Ok(([("content-type", "application/octet-stream")], bytes).into_response())
 }
 
 pub(super) async fn peer_status(State(ctx): State<Shared>) -> Result<Response, ApiError> {

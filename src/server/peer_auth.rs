@@ -107,11 +107,24 @@ pub fn require_body(signed: &Signed, body: &[u8]) -> Result<(), ApiError> {
     if peer_auth::body_matches(signed, body) {
         Ok(())
     } else {
-        Err(ApiError::new(
-            ErrorCode::PeerUnauthenticated,
-            "the peer request's body is not the one its header signed",
-        ))
+        Err(body_not_signed())
     }
+}
+
+/// Refuse a streamed body whose SHA-256 is not the one the header signed.
+pub fn require_digest(signed: &Signed, digest: &[u8; 32]) -> Result<(), ApiError> {
+    if peer_auth::digest_matches(signed, digest) {
+        Ok(())
+    } else {
+        Err(body_not_signed())
+    }
+}
+
+fn body_not_signed() -> ApiError {
+    ApiError::new(
+        ErrorCode::PeerUnauthenticated,
+        "the peer request's body is not the one its header signed",
+    )
 }
 
 #[cfg(test)]

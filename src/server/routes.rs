@@ -110,6 +110,7 @@ pub fn router(ctx: Shared) -> Router {
             super::extract::refuse_oversized,
         ));
     let peer_routes = Router::new()
+        .route(SNAPSHOT, post(peer_snapshot))
         .route(&format!("{RAFT}{{kind}}"), post(peer_rpc))
         .route(PROPOSE, post(peer_propose))
         .route(STATUS, get(peer_status))
@@ -120,7 +121,8 @@ pub fn router(ctx: Shared) -> Router {
             ctx.clone(),
             peer_guard,
         ))
-        .layer(DefaultBodyLimit::max(1 << 30));
+        // Bodies are capped where they are read (`peer::authenticate`, `peer_snapshot`).
+        .layer(DefaultBodyLimit::disable());
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

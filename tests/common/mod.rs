@@ -393,6 +393,11 @@ impl Cluster {
     }
 
     /// Send `sig` to member `id`'s process (true when it was delivered).
+    /// A running member's process id.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.procs[(id - 1) as usize].as_ref().map(|p| p.pid())
+    }
+
     pub fn signal(&self, id: u64, sig: i32) -> bool {
         self.procs[(id - 1) as usize]
             .as_ref()

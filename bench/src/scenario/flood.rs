@@ -209,7 +209,8 @@ pub async fn run(bench: &mut Bench) {
     let tokens = load::create_tokens(&http, &url, p.flood_agents, 64).await;
     let (agents, failed) = load::enrol(&http, std::slice::from_ref(&url), tokens, 0, 128).await;
     assert_eq!(failed, 0, "flood: {failed} enrolments failed");
-    let (warmed, failures) = load::first_heartbeats(&http, std::slice::from_ref(&url), &agents).await;
+    let (warmed, failures) =
+        load::first_heartbeats(&http, std::slice::from_ref(&url), &agents).await;
     assert_eq!(
         warmed,
         agents.len(),

@@ -1,0 +1,44 @@
+//! What a member's work costs it afterwards: memory taken for argon2 (19 MiB a hash at the
+//! default parameters) is given back to the system once the hashing is done, rather than kept
+//! by the allocator for the life of the process.
+
+mod common;
+
+use common::*;
+use modelforge_proto::api;
+
+/// The resident set of a process, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap()
+        / 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_taken_for_argon2_is_given_back_once_hashing_is_done() {
+    // The leader fills a pool of 48 pre-minted credentials, one argon2id hash each, on its
+    // hash workers, at the default parameters.
+    let mut c = Cluster::start_with(1, &["--credential-pool", "48"]).await;
+    let pid = c.pid(1).unwrap();
+    wait_until("the credential pool is full", WAIT, || {
+        let c = &c;
+        async move {
+            let v = c.cluster_view(1).await?;
+            (v.credential_pool.ready >= 48).then_some(())
+        }
+    })
+    .await;
+    // 48 hashes of 19 MiB went through the workers; what the process keeps is its state and
+    // its buffers, not their memory.
+    let rss = rss_mib(pid);
+    let view: api::ClusterView = c.read_as("/api/v1/cluster").await;
+    assert!(view.credential_pool.minted_ahead >= 48, "{view:?}");
+    assert!(
+        rss < 160,
+        "the member keeps {rss} MiB resident after hashing (argon2's memory was not given back)"
+    );
+}

@@ -1,6 +1,8 @@
 //! What a member's work costs it afterwards: memory taken for argon2 (19 MiB a hash at the
-//! default parameters) is given back to the system once the hashing is done, rather than kept
-//! by the allocator for the life of the process.
+//! default parameters) is given back to the system after the hashing, rather than kept by the
+//! allocator for the life of the process. glibc keeps it in its arenas (about 600 MiB after
+//! a pool of 48 hashes); the member's trim task (`server::tasks::return_freed_memory`, every
+//! 10 s) hands it back.
 
 mod common;
 
@@ -32,13 +34,14 @@ async fn memory_taken_for_argon2_is_given_back_once_hashing_is_done() {
         }
     })
     .await;
-    // 48 hashes of 19 MiB went through the workers; what the process keeps is its state and
-    // its buffers, not their memory.
-    let rss = rss_mib(pid);
+    // 48 hashes of 19 MiB went through the workers; what the process keeps, once the trim
+    // task has run, is its state and its buffers, not their memory.
     let view: api::ClusterView = c.read_as("/api/v1/cluster").await;
     assert!(view.credential_pool.minted_ahead >= 48, "{view:?}");
-    assert!(
-        rss < 160,
-        "the member keeps {rss} MiB resident after hashing (argon2's memory was not given back)"
-    );
+    wait_until(
+        "the member gives argon2's memory back (RSS under 160 MiB)",
+        std::time::Duration::from_secs(25),
+        || async move { (rss_mib(pid) < 160).then_some(()) },
+    )
+    .await;
 }

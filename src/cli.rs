@@ -220,6 +220,16 @@ pub struct ServeArgs {
     /// `<id>=<url>`, repeatable: the full initial membership, this member included.
     #[arg(long = "peer", value_name = "ID=URL")]
     pub peers: Vec<String>,
+    /// Join a running cluster: start with an empty data dir and wait to be added (`modelforge
+    /// admin members add <id> <advertise url>` against the cluster). The URLs are members of
+    /// that cluster, named in the log. Needs the cluster's CA and secrets like any member.
+    #[arg(
+        long,
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        conflicts_with = "peers"
+    )]
+    pub join: Vec<String>,
     /// `<id>=<url>`, repeatable: reach member <id> at this URL instead of its advertised one
     /// (a route through a NAT or proxy; the chaos suite routes peer links through its proxies).
     #[arg(long = "peer-route", value_name = "ID=URL")]
@@ -366,13 +376,19 @@ impl ServeArgs {
         if peers.is_empty() {
             peers.insert(self.node_id, advertise.clone());
         }
+        let joining = !self.join.is_empty();
+        for url in &self.join {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                bail!("--join {url:?}: the url must start with http:// or https://");
+            }
+        }
         if !peers.contains_key(&self.node_id) {
             bail!(
                 "--peer must list this member too (--node-id {})",
                 self.node_id
             );
         }
-        if tls == TlsSource::Generated && peers.len() > 1 {
+        if tls == TlsSource::Generated && (peers.len() > 1 || joining) {
             bail!(
                 "a member of a {}-member cluster needs the shared cluster CA: run `modelforge cluster init-ca --out <dir>` once and start every member with --tls-ca <dir>/ca.pem --tls-ca-key <dir>/ca.key (or --insecure-http for a local experiment)",
                 peers.len()
@@ -385,13 +401,15 @@ impl ServeArgs {
         let admin_token = admin_token(&self.data_dir, self.admin_token_file.as_deref())?;
         let cluster_secret = match cluster_secret(self.cluster_secret_file.as_deref())? {
             Some(s) => s,
-            None if peers.len() > 1 => bail!(
+            None if peers.len() > 1 || joining => bail!(
                 "a member of a {}-member cluster needs a cluster secret of its own, the same on every member: set MODELFORGE_CLUSTER_SECRET or pass --cluster-secret-file",
                 peers.len()
             ),
             None => admin_token.clone(),
         };
-        if peers.len() > 1 && crate::secrets::same_secret(&cluster_secret, &admin_token) {
+        if (peers.len() > 1 || joining)
+            && crate::secrets::same_secret(&cluster_secret, &admin_token)
+        {
             bail!(
                 "the cluster secret (MODELFORGE_CLUSTER_SECRET or --cluster-secret-file) must differ from the admin token: whoever holds an operator's token must not be able to speak as a member"
             );
@@ -405,6 +423,7 @@ impl ServeArgs {
             data_dir: self.data_dir,
             peers,
             peer_routes,
+            join: self.join.clone(),
             admin_token: admin_token.into(),
             cluster_secret: cluster_secret.into(),
             hash_params: HashParams {

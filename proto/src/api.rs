@@ -143,6 +143,14 @@ codes! {
     OperatorNotFound = ("operator_not_found", 404, "no token with this name"),
     RootTokenFixed = ("root_token_fixed", 409, "the root token is configuration: rotate it by changing MODELFORGE_ADMIN_TOKEN or --admin-token-file on every member"),
     TooManyOperators = ("too_many_operators", 409, "the cluster holds the most named tokens it keeps (1,000); delete one first"),
+    // Cluster membership.
+    MemberExists = ("member_exists", 409, "this id is already a member"),
+    MemberIdRetired = ("member_id_retired", 409, "this member id was removed from the cluster and can never be added again; give the new member a fresh id"),
+    MemberNotFound = ("member_not_found", 404, "no member with this id"),
+    LastVoter = ("last_voter", 409, "this is the cluster's last voter; add another member first"),
+    CatchUpTimeout = ("catch_up_timeout", 503, "the new member did not catch up in time; it stays a learner (retry to promote it)"),
+    NotAMember = ("not_a_member", 503, "this member is not part of the cluster's configuration"),
+    MembershipChangeRefused = ("membership_change_refused", 409, "the membership change was refused (another one may be in progress); retry"),
     Internal = ("internal", 500, "internal error"),
 }
 
@@ -185,6 +193,33 @@ pub struct ClusterMember {
     pub id: u64,
     pub url: String,
     pub voter: bool,
+    /// `voter` or `learner`.
+    #[serde(default)]
+    pub role: String,
+    /// The last log index the leader knows the member holds (null unless this member leads).
+    #[serde(default)]
+    pub matched_index: Option<u64>,
+    /// Whether the member acknowledged the leader within the last 3 s (null unless this member
+    /// leads).
+    #[serde(default)]
+    pub reachable: Option<bool>,
+}
+
+/// `POST /api/v1/admin/cluster/members`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AddMember {
+    pub id: u64,
+    pub url: String,
+    /// Promote to voter once caught up (default); false keeps it a learner.
+    #[serde(default)]
+    pub voter: Option<bool>,
+}
+
+/// The members after a change (`POST`/`DELETE /api/v1/admin/cluster/members`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MembersView {
+    pub members: Vec<ClusterMember>,
 }
 
 /// Counters of the credential check in `GET /api/v1/cluster`.

@@ -13,7 +13,8 @@ use serde::de::DeserializeOwned;
 /// 5: named states (smoke state, history kind) are stored by name, not by variant index.
 /// 6: named operators, reasons on cancellations and in audit rows.
 /// 7: a claim keeps the signing time of its last accepted proof.
-pub const FORMAT_VERSION: u8 = 7;
+/// 8: retired member ids in the state; snapshot RPC bodies stream (vote head, then the file).
+pub const FORMAT_VERSION: u8 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

@@ -126,6 +126,34 @@ pub struct MemberView {
     pub id: u64,
     pub url: String,
     pub voter: bool,
+    /// The last log index the leader knows the member holds (on the leader only).
+    pub matched_index: Option<u64>,
+    /// Milliseconds since the member last acknowledged the leader (on the leader only; None
+    /// on the leader for a member never heard from).
+    pub last_ack_ms: Option<u64>,
+}
+
+/// Why a membership change did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    #[error("this member is not the leader")]
+    NotLeader { leader: Option<(u64, String)> },
+    #[error("member {0} did not catch up in time; it stays a learner (retry to promote it)")]
+    CatchUpTimeout(u64),
+    #[error("the change was refused: {0}")]
+    Refused(String),
+    #[error("consensus failed: {0}")]
+    Fatal(String),
+}
+
+fn membership_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> MembershipError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => MembershipError::NotLeader {
+            leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+        },
+        RaftError::APIError(e) => MembershipError::Refused(e.to_string()),
+        RaftError::Fatal(e) => MembershipError::Fatal(e.to_string()),
+    }
 }
 
 /// A plain summary of openraft's metrics for the API and the tests.
@@ -309,10 +337,31 @@ impl<A: Application> Consensus<A> {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let members = membership
             .nodes()
-            .map(|(id, node)| MemberView {
-                id: *id,
-                url: node.addr.clone(),
-                voter: voters.contains(id),
+            .map(|(id, node)| {
+                let me = *id == self.id && m.state == ServerState::Leader;
+                let matched_index = if me {
+                    m.last_log_index
+                } else {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).cloned().flatten())
+                        .map(|l| l.index())
+                };
+                let last_ack_ms = if me {
+                    Some(0)
+                } else {
+                    m.heartbeat
+                        .as_ref()
+                        .and_then(|h| h.get(id).cloned().flatten())
+                        .map(|t| openraft::Instant::elapsed(&t.into_inner()).as_millis() as u64)
+                };
+                MemberView {
+                    id: *id,
+                    url: node.addr.clone(),
+                    voter: voters.contains(id),
+                    matched_index,
+                    last_ack_ms,
+                }
             })
             .collect();
         let leader_url = m
@@ -384,6 +433,75 @@ impl<A: Application> Consensus<A> {
         received: network::ReceivedSnapshot,
     ) -> Result<Vec<u8>, network::PeerRpcError> {
         network::install_received(&self.raft, received).await
+    }
+
+    /// Add member `id` at `url` as a learner and wait, up to `within`, until it holds the log
+    /// the leader had when it was added (a snapshot install included). Adding a learner that
+    /// is already one re-adds it (same node); on a timeout it stays a learner.
+    pub async fn add_learner(
+        &self,
+        id: u64,
+        url: &str,
+        within: Duration,
+    ) -> Result<(), MembershipError> {
+        let node = BasicNode {
+            addr: url.to_string(),
+        };
+        self.raft
+            .add_learner(id, node, false)
+            .await
+            .map_err(membership_error)?;
+        let target = self.status().last_log_index;
+        let caught_up = self
+            .wait_for(within, |s| {
+                s.members
+                    .iter()
+                    .any(|m| m.id == id && m.matched_index.is_some_and(|i| i >= target))
+            })
+            .await;
+        if caught_up {
+            Ok(())
+        } else {
+            Err(MembershipError::CatchUpTimeout(id))
+        }
+    }
+
+    /// Make learner `id` a voter (joint consensus; returns once the change is committed).
+    pub async fn promote(&self, id: u64) -> Result<(), MembershipError> {
+        self.raft
+            .change_membership(
+                openraft::ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+                false,
+            )
+            .await
+            .map(|_| ())
+            .map_err(membership_error)
+    }
+
+    /// Remove member `id`, voter or learner, from the configuration (returns once the change is
+    /// committed). Removing the leader itself is allowed: it steps down once the change
+    /// commits (hand leadership over first with [`Self::transfer_leadership`]).
+    pub async fn remove_member(&self, id: u64) -> Result<(), MembershipError> {
+        let voter = self.status().members.iter().any(|m| m.id == id && m.voter);
+        let change = if voter {
+            openraft::ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map(|_| ())
+            .map_err(membership_error)
+    }
+
+    /// Ask the leader to hand leadership to voter `to`.
+    pub async fn transfer_leadership(&self, to: u64) -> Result<(), MembershipError> {
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| MembershipError::Fatal(e.to_string()))
     }
 
     /// Ask for a snapshot now (tests and operators).

@@ -12,6 +12,7 @@ pub mod client;
 mod decommission;
 pub mod doctor;
 mod enrolments;
+mod members;
 mod nodes;
 mod operators;
 mod output;
@@ -32,6 +33,7 @@ use self::client::Client;
 use self::decommission::decommission;
 use self::doctor::doctor_cmd;
 use self::enrolments::enrollments;
+use self::members::members;
 use self::nodes::nodes;
 use self::nodes::smoke_cmd;
 use self::operators::operators;
@@ -103,6 +105,10 @@ pub enum AdminCmd {
     /// The audit trail: list, export, verify.
     #[command(subcommand)]
     Audit(AuditCmd),
+    /// The cluster's members: list, add (learner, catch up, then voter), remove (needs the
+    /// admin role for changes).
+    #[command(subcommand)]
+    Members(MemberCmd),
     /// Take a consistent backup online from any member (checked, then written atomically).
     Backup {
         /// Where to write it.
@@ -125,6 +131,24 @@ pub enum AdminCmd {
         #[arg(long, value_parser = humantime::parse_duration)]
         wait: Option<Duration>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MemberCmd {
+    /// Each member's role, URL, matched log index and reachability (as the leader reports).
+    List,
+    /// Add member <id>, started with `modelforge serve --node-id <id> --join ...`: as a
+    /// learner, then a voter once it has caught up. Safe to retry.
+    Add {
+        id: u64,
+        /// The URL the new member advertises.
+        url: String,
+        /// Keep it a learner (no vote).
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove member <id>, dead or alive; its id is never accepted again.
+    Remove { id: u64 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -453,6 +477,7 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Decommission(cmd) => decommission(&args, &mut c, cmd).await,
         AdminCmd::Tokens(cmd) => operators(&args, &mut c, cmd).await,
         AdminCmd::Audit(cmd) => audit_cmd(&args, &mut c, cmd).await,
+        AdminCmd::Members(cmd) => members(&args, &mut c, cmd).await,
         AdminCmd::Doctor { node_id, wait } => doctor_cmd(&args, &mut c, node_id, *wait).await,
         AdminCmd::Backup { out } => backup_cmd(&args, &mut c, out).await,
         AdminCmd::Scheduler => {

@@ -14,6 +14,7 @@ pub mod budget;
 pub mod edge;
 mod extract;
 mod forward;
+mod members;
 mod operators;
 mod peer;
 pub mod peer_auth;
@@ -59,6 +60,9 @@ pub struct ServeConfig {
     pub peers: BTreeMap<u64, String>,
     /// `--peer-route`: how this member reaches a peer when not by its advertised URL.
     pub peer_routes: BTreeMap<u64, String>,
+    /// `--join`: members of the cluster this member waits to be added to (empty: it forms
+    /// or belongs to one by its `--peer` list).
+    pub join: Vec<String>,
     /// The bootstrap admin token (the operator `root`). Held as a secret: redacted from
     /// `Debug`, zeroed when dropped.
     pub admin_token: SecretString,

@@ -100,8 +100,18 @@ fn member_connection(
             "peer endpoints need a member's client certificate from the cluster CA",
         ));
     };
-    let member = ctx.cfg.peers.contains_key(&id)
-        || ctx.consensus.status().members.iter().any(|m| m.id == id);
+    if ctx.app.read().retired_members.contains(&id) {
+        return Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
+            format!("member {id} was removed from the cluster"),
+        ));
+    }
+    let members = ctx.consensus.status().members;
+    // A `--join` member not added yet knows no configuration: the cluster CA's certificate
+    // and the cluster secret's MAC are what admit its future leader.
+    let waiting_to_join = !ctx.cfg.join.is_empty() && members.is_empty();
+    let member =
+        waiting_to_join || ctx.cfg.peers.contains_key(&id) || members.iter().any(|m| m.id == id);
     if !member {
         return Err(ApiError::new(
             ErrorCode::PeerUnauthenticated,

@@ -85,6 +85,11 @@ pub fn router(ctx: Shared) -> Router {
             "/api/v1/admin/tokens/{name}",
             axum::routing::delete(operators::delete),
         )
+        .route("/api/v1/admin/cluster/members", post(super::members::add))
+        .route(
+            "/api/v1/admin/cluster/members/{id}",
+            axum::routing::delete(super::members::remove),
+        )
         .route("/api/v1/allocations", post(scheduler::allocate))
         .route(
             "/api/v1/allocations/{allocation_id}",
@@ -108,6 +113,10 @@ pub fn router(ctx: Shared) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
             super::extract::refuse_oversized,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            super::members::membership_gate,
         ));
     let peer_routes = Router::new()
         .route(SNAPSHOT, post(peer_snapshot))
@@ -193,6 +202,7 @@ pub(super) async fn cluster(
 ) -> Result<Response, ApiError> {
     extract::authorize(&ctx, &headers, client, extract::Need::Read).await?;
     let s = ctx.consensus.status();
+    let members = super::members::view(&s);
     let relaxed = std::sync::atomic::Ordering::Relaxed;
     let (minted_ahead, minted_inline) = ctx.mint.counts();
     Ok(axum::Json(api::ClusterView {
@@ -205,15 +215,7 @@ pub(super) async fn cluster(
         applied_index: s.applied_index,
         last_log_index: s.last_log_index,
         snapshot_index: s.snapshot_index,
-        members: s
-            .members
-            .into_iter()
-            .map(|m| api::ClusterMember {
-                id: m.id,
-                url: m.url,
-                voter: m.voter,
-            })
-            .collect(),
+        members,
         cluster_id: ctx.cluster_id.clone(),
         secret_checks: api::SecretChecksView {
             argon2_verifies: ctx.hasher.verify_count(),

@@ -20,6 +20,16 @@ pub(super) async fn bootstrap(ctx: Shared) {
     if ctx.consensus.is_initialized().await {
         return;
     }
+    if !ctx.cfg.join.is_empty() {
+        // A joining member never forms a cluster: the leader's first append makes it one.
+        tracing::info!(
+            join = ?ctx.cfg.join,
+            "waiting to be added: run `modelforge admin members add {} {}` against the cluster",
+            ctx.cfg.node_id,
+            ctx.cfg.advertise
+        );
+        return;
+    }
     for (id, url) in &ctx.cfg.peers {
         if *id == ctx.cfg.node_id {
             continue;

@@ -127,6 +127,17 @@ pub enum Command {
         name: String,
         reason: Option<String>,
     },
+    /// A Raft member id removed from the cluster: never accepted again (proposed before the
+    /// membership change that removes it).
+    RetireMember {
+        id: u64,
+    },
+    /// A member being added (the audit row of the change; refused for a retired id).
+    AddMember {
+        id: u64,
+        url: String,
+        voter: bool,
+    },
 }
 
 impl Command {
@@ -149,6 +160,8 @@ impl Command {
             Command::ExecuteDecommission { .. } => "node.decommission.execute",
             Command::CreateOperator { .. } => "operator.create",
             Command::DeleteOperator { .. } => "operator.delete",
+            Command::RetireMember { .. } => "cluster.member.remove",
+            Command::AddMember { .. } => "cluster.member.add",
         }
     }
 
@@ -186,6 +199,10 @@ impl Command {
                 format!("operator:{name} role:{}", role.as_str())
             }
             (Command::DeleteOperator { name, .. }, _) => format!("operator:{name}"),
+            (Command::RetireMember { id }, _) => format!("member:{id}"),
+            (Command::AddMember { id, url, voter }, _) => {
+                format!("member:{id} url:{url} voter:{voter}")
+            }
             (Command::Enroll { token_id, .. }, Err(_)) => format!("enrollment:{token_id}"),
             (Command::Allocate { node_id, .. }, _) => node_id.to_string(),
             (Command::Release { allocation_id }, _) => allocation_id.to_string(),
@@ -276,6 +293,12 @@ pub enum Outcome {
     },
     OperatorDeleted {
         name: String,
+    },
+    MemberRetired {
+        id: u64,
+    },
+    MemberAdded {
+        id: u64,
     },
 }
 

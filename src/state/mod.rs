@@ -113,6 +113,8 @@ pub struct State {
     pub enabled_by_hostname: BTreeMap<String, BTreeSet<NodeId>>,
     /// Named operators' tokens by name (`root` is configuration, not here).
     pub operators: BTreeMap<String, operators::OperatorToken>,
+    /// Raft member ids removed from the cluster: never added again, refused as peers.
+    pub retired_members: BTreeSet<u64>,
 }
 
 impl State {
@@ -185,6 +187,17 @@ impl State {
                 ..
             } => self.create_operator(now, &env.actor, name, *role, token_id, hash),
             Command::DeleteOperator { name, .. } => self.delete_operator(name),
+            Command::RetireMember { id } => {
+                self.retired_members.insert(*id);
+                Ok(Outcome::MemberRetired { id: *id })
+            }
+            Command::AddMember { id, .. } => {
+                if self.retired_members.contains(id) {
+                    Err(Refusal::new(RefusalCode::MemberIdRetired))
+                } else {
+                    Ok(Outcome::MemberAdded { id: *id })
+                }
+            }
             enroll @ Command::Enroll { .. } => self.enroll(facts, now, enroll),
             Command::RevokeCredentials { node_id, reason } => {
                 self.revoke_node(facts, now, node_id, reason)

@@ -187,7 +187,10 @@ async fn answer(r: reqwest::RequestBuilder) -> (u16, Value) {
             let v = resp.json().await.unwrap_or(Value::Null);
             (s, v)
         }
-        Err(_) => (0, Value::Null),
+        Err(e) => {
+            eprintln!("no answer: {e:?}");
+            (0, Value::Null)
+        }
     }
 }
 

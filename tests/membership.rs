@@ -40,6 +40,27 @@ fn start_joiner(root: &std::path::Path, id: u64, join: &str) -> Joiner {
     }
 }
 
+/// Run `modelforge admin <args> --output json` against `url`: (exit code, JSON out).
+async fn admin_json(url: &str, args: &[&str]) -> (i32, serde_json::Value) {
+    let out = tokio::process::Command::new(server_bin())
+        .arg("admin")
+        .args(args)
+        .args(["--output", "json"])
+        .env("MODELFORGE_URL", url)
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
+        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+        .env("MODELFORGE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run modelforge admin");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(&text).unwrap_or_else(
+        |_| json!({"stdout": text, "stderr": String::from_utf8_lossy(&out.stderr)}),
+    );
+    (out.status.code().unwrap_or(-1), v)
+}
+
 async fn members_of(url: &str) -> Option<Vec<api::ClusterMember>> {
     devkit::cluster_view(&http(), url, ADMIN, Duration::from_secs(5))
         .await
@@ -115,8 +136,16 @@ async fn grow_from_one_to_three_and_back_under_load() {
         "{v}"
     );
 
-    // Grow: 1 -> 2 -> 3, each a learner first, then a voter once caught up.
-    for j in [(2u64, &j2), (3, &j3)] {
+    // A single voter has no margin: the cluster doctor says so (exit 21).
+    let (code, v) = admin_json(&leader, &["doctor", "--cluster"]).await;
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (21, Some("quorum_at_risk")),
+        "{v}"
+    );
+    // Grow: 1 -> 2 -> 3, each a learner first, then a voter once caught up (2 through the
+    // API, 3 through the CLI).
+    for j in [(2u64, &j2)] {
         let (s, v) = call(
             "POST",
             &format!("{leader}/api/v1/admin/cluster/members"),
@@ -129,6 +158,16 @@ async fn grow_from_one_to_three_and_back_under_load() {
         let m = view.members.iter().find(|m| m.id == j.0).unwrap();
         assert_eq!(m.role, "voter", "{v}");
     }
+    let (code, v) = admin_json(&leader, &["members", "add", "3", &j3.url]).await;
+    assert_eq!(code, 0, "{v}");
+    assert!(
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == 3 && m["role"] == "voter"),
+        "{v}"
+    );
     // Adding a member twice: 409.
     let (s, v) = call(
         "POST",
@@ -153,6 +192,14 @@ async fn grow_from_one_to_three_and_back_under_load() {
     })
     .await;
     assert_eq!(view.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 2, 3]);
+    // Asked through a follower, the doctor reads the leader's figures: healthy, one voter may
+    // fail (exit 0).
+    let (code, v) = admin_json(&j3.url, &["doctor", "--cluster"]).await;
+    assert_eq!(
+        (code, v["verdict"].as_str(), v["margin"].as_i64()),
+        (0, Some("healthy"), Some(1)),
+        "{v}"
+    );
     for url in [&j2.url, &j3.url] {
         let (s, v) = call(
             "GET",

@@ -27,6 +27,7 @@ pub enum CallError {
 pub struct Client {
     cluster: Failover,
     token: String,
+    tls: Option<rustls::ClientConfig>,
     /// Sent with every write of this invocation (unless the command names its own key).
     idempotency_key: String,
     /// How long one call keeps trying members that do not answer or answer 503.
@@ -40,14 +41,30 @@ impl Client {
         failover_deadline: Duration,
         tls: Option<rustls::ClientConfig>,
     ) -> anyhow::Result<Self> {
-        let cluster = Failover::new(urls, Duration::from_secs(1), Duration::from_secs(20), tls)
-            .map_err(|e| anyhow::anyhow!("--server: {e}"))?;
+        let cluster = Failover::new(
+            urls,
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+            tls.clone(),
+        )
+        .map_err(|e| anyhow::anyhow!("--server: {e}"))?;
         Ok(Self {
             cluster,
             token,
+            tls,
             idempotency_key: format!("cli-{}", modelforge_proto::new_uuid()),
             failover_deadline,
         })
+    }
+
+    /// A client of this one's token and trust for the member at `url` alone.
+    pub fn at(&self, url: &str) -> anyhow::Result<Self> {
+        Self::new(
+            vec![url.to_string()],
+            self.token.clone(),
+            self.failover_deadline,
+            self.tls.clone(),
+        )
     }
 
     /// The member URLs, as given.

@@ -9,6 +9,7 @@
 pub mod audit;
 mod audit_cmd;
 pub mod client;
+mod cluster_doctor;
 mod decommission;
 pub mod doctor;
 mod enrolments;
@@ -124,9 +125,16 @@ pub enum AdminCmd {
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
-    /// Diagnose one node and name the runbook case and commands (exit 0 only when healthy).
+    /// Diagnose one node and name the runbook case and commands (exit 0 only when healthy);
+    /// with --cluster, the cluster itself: quorum margin, unreachable or lagging members, and
+    /// the commands that replace one (exit 0 healthy, 20 degraded, 21 quorum at risk, 22 no
+    /// leader).
     Doctor {
-        node_id: String,
+        #[arg(required_unless_present = "cluster", conflicts_with = "cluster")]
+        node_id: Option<String>,
+        /// Diagnose the cluster instead of a node.
+        #[arg(long)]
+        cluster: bool,
         /// Re-check until healthy or this long has passed (e.g. 60s).
         #[arg(long, value_parser = humantime::parse_duration)]
         wait: Option<Duration>,
@@ -401,7 +409,10 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
             | NodeCmd::RevokeCredential { node_id, .. },
         )
         | AdminCmd::Decommission(DecommissionCmd::Preview { node_id })
-        | AdminCmd::Doctor { node_id, .. }
+        | AdminCmd::Doctor {
+            node_id: Some(node_id),
+            ..
+        }
         | AdminCmd::Smoke { node_id, .. } => check_id("node_id", node_id)?,
         AdminCmd::Decommission(DecommissionCmd::Execute {
             node_id,
@@ -478,7 +489,17 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Tokens(cmd) => operators(&args, &mut c, cmd).await,
         AdminCmd::Audit(cmd) => audit_cmd(&args, &mut c, cmd).await,
         AdminCmd::Members(cmd) => members(&args, &mut c, cmd).await,
-        AdminCmd::Doctor { node_id, wait } => doctor_cmd(&args, &mut c, node_id, *wait).await,
+        AdminCmd::Doctor { cluster: true, .. } => {
+            cluster_doctor::cluster_doctor(&args, &mut c).await
+        }
+        AdminCmd::Doctor {
+            node_id: Some(node_id),
+            wait,
+            ..
+        } => doctor_cmd(&args, &mut c, node_id, *wait).await,
+        AdminCmd::Doctor { node_id: None, .. } => {
+            unreachable!("clap requires a node id without --cluster")
+        }
         AdminCmd::Backup { out } => backup_cmd(&args, &mut c, out).await,
         AdminCmd::Scheduler => {
             let (view, v): (api::SchedulerView, _) = c.get_typed("/api/v1/admin/scheduler").await?;

@@ -274,3 +274,149 @@ async fn grow_from_one_to_three_and_back_under_load() {
     }
     drop((j2.proc, j3.proc));
 }
+
+/// Heartbeats of one node, agent-like, until `stop`: each beat is sent to the members in
+/// `urls` in turn until one answers 200 within 5 s; a beat that never does is counted.
+fn heartbeat_loop(
+    urls: Vec<String>,
+    node_id: String,
+    credential: String,
+    stop: Arc<AtomicBool>,
+) -> (Arc<AtomicUsize>, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let (ok, bad) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (o, b) = (ok.clone(), bad.clone());
+    let task = tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            let mut done = false;
+            'beat: while tokio::time::Instant::now() < deadline {
+                for url in &urls {
+                    let (s, _) = call(
+                        "POST",
+                        &format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat"),
+                        Some(&credential),
+                        Some(json!({})),
+                    )
+                    .await;
+                    if s == 200 {
+                        done = true;
+                        break 'beat;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if done {
+                o.fetch_add(1, Ordering::SeqCst);
+            } else {
+                b.fetch_add(1, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    (ok, bad, task)
+}
+
+/// A member whose disk died (data dir wiped for good) is replaced online: a new member under a
+/// fresh id is added and the dead one removed, while the node keeps getting 200. Then the
+/// leader is asked to remove itself: it hands leadership over first, and the retry removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_replaced_and_a_leader_removes_itself_while_heartbeats_get_200() {
+    let mut c = Cluster::start(3).await;
+    let (mut agent, node_id, credential) = c.enrol_one("gpu-a").await;
+    let leader = c.wait_leader().await;
+    let dead = (1..=3).find(|id| *id != leader).unwrap();
+    let stays = (1..=3).find(|id| *id != leader && *id != dead).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, bad, beats) = heartbeat_loop(
+        vec![c.url(stays), c.url(leader)],
+        node_id.clone(),
+        credential.clone(),
+        stop.clone(),
+    );
+
+    // The follower's disk dies: the process is gone and so is its data, for good.
+    c.kill9(dead);
+    std::fs::remove_dir_all(c.data_dir(dead)).unwrap();
+    // Within a few seconds the cluster doctor sees it: no margin left, the member unreachable.
+    let v = wait_until("the doctor sees the dead member", WAIT, || {
+        let url = c.url(leader);
+        async move {
+            let (code, v) = admin_json(&url, &["doctor", "--cluster"]).await;
+            (code == 21).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(v["verdict"], "quorum_at_risk", "{v}");
+    assert!(
+        v["unreachable"].as_array().unwrap().contains(&json!(dead)),
+        "{v}"
+    );
+
+    // A new machine joins under a fresh id, is added, and the dead member is removed.
+    let j4 = start_joiner(c.root(), 4, &c.url(leader));
+    let (code, v) = admin_json(&c.url(stays), &["members", "add", "4", &j4.url]).await;
+    assert_eq!(code, 0, "{v}");
+    let (code, v) = admin_json(&c.url(stays), &["members", "remove", &dead.to_string()]).await;
+    assert_eq!(code, 0, "{v}");
+    let ids: Vec<u64> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_u64().unwrap())
+        .collect();
+    let mut want = vec![leader, stays, 4];
+    want.sort();
+    assert_eq!(ids, want, "{v}");
+    wait_until("the cluster is healthy again", WAIT, || {
+        let url = c.url(leader);
+        async move {
+            let (code, _) = admin_json(&url, &["doctor", "--cluster"]).await;
+            (code == 0).then_some(())
+        }
+    })
+    .await;
+    // The new member holds the node and serves it.
+    let (s, v) = call(
+        "GET",
+        &format!("{}/api/v1/admin/hardware/nodes/{node_id}", j4.url),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+
+    // The leader asked to remove itself hands leadership over (503, retry) and the retry,
+    // relayed to the new leader, removes it.
+    let (s, v) = call(
+        "DELETE",
+        &format!("{}/api/v1/admin/cluster/members/{leader}", c.url(leader)),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(refused(s, &v), (503, "not_leader"), "{v}");
+    let v = wait_until("the old leader is removed", WAIT, || {
+        let url = c.url(stays);
+        async move {
+            let (s, v) = call(
+                "DELETE",
+                &format!("{url}/api/v1/admin/cluster/members/{leader}"),
+                Some(ADMIN),
+                None,
+            )
+            .await;
+            (s == 200).then_some(v)
+        }
+    })
+    .await;
+    let view: api::MembersView = typed("members", &v);
+    assert!(view.members.iter().all(|m| m.id != leader), "{v}");
+    assert_eq!(view.members.len(), 2, "{v}");
+
+    stop.store(true, Ordering::SeqCst);
+    beats.await.unwrap();
+    assert_eq!(bad.load(Ordering::SeqCst), 0, "a heartbeat never got 200");
+    assert!(ok.load(Ordering::SeqCst) > 0);
+    agent.stop();
+    drop(j4.proc);
+}

@@ -420,3 +420,83 @@ async fn a_dead_member_is_replaced_and_a_leader_removes_itself_while_heartbeats_
     agent.stop();
     drop(j4.proc);
 }
+
+/// 3 -> 5 members with the leader killed (-9) in the middle of adding the fourth: the add is
+/// retried against the new leader and finishes, the old leader comes back as a follower, and
+/// every heartbeat still gets 200 (agent-like: any member, within 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_to_five_members_with_a_leader_kill_in_the_middle() {
+    let mut c = Cluster::start(3).await;
+    let (mut agent, node_id, credential) = c.enrol_one("gpu-b").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, bad, beats) = heartbeat_loop(c.urls(), node_id, credential, stop.clone());
+    let leader = c.wait_leader().await;
+    let j4 = start_joiner(c.root(), 4, &c.url(leader));
+    let j5 = start_joiner(c.root(), 5, &c.url(leader));
+
+    // The add of 4 starts on the leader, which is killed once 4 is in the configuration.
+    let add = {
+        let url = c.url(leader);
+        let body = json!({"id": 4, "url": j4.url});
+        tokio::spawn(async move {
+            call(
+                "POST",
+                &format!("{url}/api/v1/admin/cluster/members"),
+                Some(ADMIN),
+                Some(body),
+            )
+            .await
+        })
+    };
+    wait_until("member 4 is in the configuration", WAIT, || {
+        let url = c.url(leader);
+        async move {
+            let m = members_of(&url).await?;
+            m.iter().any(|m| m.id == 4).then_some(())
+        }
+    })
+    .await;
+    c.kill9(leader);
+    let _ = add.await.unwrap();
+    // The retry, through any member, lands on the new leader and finishes; then 5 is added.
+    let all = c
+        .urls()
+        .into_iter()
+        .filter(|u| *u != c.url(leader))
+        .collect::<Vec<_>>()
+        .join(",");
+    let (code, v) = admin_json(&all, &["members", "add", "4", &j4.url]).await;
+    assert_eq!(code, 0, "retrying the add of 4: {v}");
+    // The old leader returns on its data dir and follows.
+    c.start_member(leader);
+    let (code, v) = admin_json(&all, &["members", "add", "5", &j5.url]).await;
+    assert_eq!(code, 0, "adding 5: {v}");
+    let view = wait_until("five reachable voters", WAIT, || {
+        let all = all.clone();
+        async move {
+            let (code, v) = admin_json(&all, &["doctor", "--cluster"]).await;
+            (code == 0 && v["voters"] == 5 && v["reachable_voters"] == 5).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(view["margin"], 2, "{view}");
+    // Every member reports the same configuration.
+    for url in c.urls().iter().chain([&j4.url, &j5.url]) {
+        let m = wait_until("a member sees the five voters", WAIT, || {
+            let url = url.clone();
+            async move {
+                let m = members_of(&url).await?;
+                (m.iter().filter(|m| m.voter).count() == 5).then_some(m)
+            }
+        })
+        .await;
+        assert_eq!(m.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+    }
+
+    stop.store(true, Ordering::SeqCst);
+    beats.await.unwrap();
+    assert_eq!(bad.load(Ordering::SeqCst), 0, "a heartbeat never got 200");
+    assert!(ok.load(Ordering::SeqCst) > 0);
+    agent.stop();
+    drop((j4.proc, j5.proc));
+}

@@ -341,6 +341,15 @@ pub async fn serve_on(
         );
         until_stopped(Box::pin(reloader.run()));
     }
+    // A leader that is stopped hands leadership to a caught-up voter while its connections
+    // drain, so the others need no election timeout to go on (a rolling restart).
+    let hand_over = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        tokio::spawn(async move {
+            stop.triggered().await;
+            tasks::hand_over_leadership(&ctx).await;
+        })
+    };
     let app_router = router(ctx.clone());
     let slots = edge::Slots::new(ctx.cfg.max_connections);
     let header_read_timeout = ctx.cfg.header_read_timeout;
@@ -358,6 +367,7 @@ pub async fn serve_on(
     // However the server ended, everything else stops with it.
     stop.trigger();
     tracing::info!("stopping");
+    let _ = hand_over.await;
     let background_tasks = tasks.len();
     while tasks.join_next().await.is_some() {}
     ctx.live.sup.stop();

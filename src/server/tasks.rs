@@ -61,6 +61,36 @@ pub(super) async fn bootstrap(ctx: Shared) {
     }
 }
 
+/// If this member leads and another voter has caught up, hand leadership to the most caught-up
+/// reachable one and wait (up to 3 s) until it leads. Called when the member is stopped.
+pub(super) async fn hand_over_leadership(ctx: &Shared) {
+    if !ctx.consensus.is_leader() {
+        return;
+    }
+    let me = ctx.cfg.node_id;
+    let status = ctx.consensus.status();
+    let Some(to) = status
+        .members
+        .iter()
+        .filter(|m| m.voter && m.id != me && m.last_ack_ms.is_some_and(|ms| ms < 3_000))
+        .max_by_key(|m| m.matched_index.unwrap_or(0))
+        .map(|m| m.id)
+    else {
+        return;
+    };
+    if let Err(e) = ctx.consensus.transfer_leadership(to).await {
+        tracing::warn!(error = %e, "could not hand leadership over");
+        return;
+    }
+    let moved = ctx
+        .consensus
+        .wait_for(Duration::from_secs(3), |s| {
+            s.leader_id.is_some_and(|l| l != me)
+        })
+        .await;
+    tracing::info!(to, moved, "stopping: handed leadership over");
+}
+
 /// Track when this member became leader (the grace window of node status starts there).
 pub(super) async fn watch_leadership(ctx: Shared) {
     loop {

@@ -119,7 +119,11 @@ impl Drop for Session {
 
 /// Run every `sh` block of `doc_path` after a prelude that enrols an agent; return the output.
 async fn run_runbook(doc_path: &str, hostname: &str, min_blocks: usize) {
-    let c = Cluster::start(3).await;
+    let mut c = Cluster::start(3).await;
+    // For the member replacement runbook: a follower to lose, and where a new member listens.
+    let leader = c.wait_leader().await;
+    let lost = (1..=3).find(|id| *id != leader).unwrap();
+    let new_port = free_port();
     let doc =
         std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc_path))
             .unwrap();
@@ -179,6 +183,15 @@ echo "::prelude done"
         .env("MODELFORGE_LOG", "info")
         .env("NODE_HOSTNAME", hostname)
         .env("AGENT_STATE_DIR", &state_dir)
+        .env("MODELFORGE_TLS_CA", &harness_ca().cert)
+        .env("MODELFORGE_TLS_CA_KEY", &harness_ca().key)
+        .env("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET)
+        .env("LOST_MEMBER_ID", lost.to_string())
+        .env("LOST_MEMBER_PID", c.pid(lost).unwrap().to_string())
+        .env("LOST_MEMBER_DATA_DIR", c.data_dir(lost))
+        .env("NEW_MEMBER_ID", "4")
+        .env("NEW_MEMBER_LISTEN", format!("127.0.0.1:{new_port}"))
+        .env("NEW_MEMBER_URL", devkit::url(new_port))
         .env_remove("MODELFORGE_ENROLLMENT_TOKEN")
         .process_group(0);
     let mut session = Session {
@@ -231,6 +244,16 @@ async fn every_command_of_the_decommission_runbook_runs() {
     run_runbook(
         "docs/runbooks/RUNBOOK_NODE_DECOMMISSION.md",
         "gpu-retired-1",
+        5,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_of_the_member_replacement_runbook_runs() {
+    run_runbook(
+        "docs/runbooks/RUNBOOK_MEMBER_REPLACEMENT.md",
+        "gpu-member-1",
         5,
     )
     .await;

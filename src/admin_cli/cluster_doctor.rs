@@ -129,7 +129,7 @@ fn report_text(f: &ClusterFacts, v: ClusterVerdict, next_id: u64) -> String {
     }
     for id in &f.unreachable {
         out.push_str(&format!(
-            "member {id} is unreachable. If it is lost for good, replace it (README, \"A three-member cluster\"):\n  \
+            "member {id} is unreachable. If it is lost for good, replace it (docs/runbooks/RUNBOOK_MEMBER_REPLACEMENT.md):\n  \
              start a new member with an empty data dir: modelforge serve --node-id {next_id} --join <a member's url> ...\n  \
              modelforge admin members add {next_id} <its url>\n  \
              modelforge admin members remove {id}\n"

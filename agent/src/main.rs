@@ -368,8 +368,13 @@ impl Agent {
                     tracing::warn!(reason = %why, "heartbeat not delivered");
                     // Shed, overloaded or unreachable: wait a random part of an interval more
                     // before the next one, so that a fleet shed at once does not come back at
-                    // once.
-                    tokio::time::sleep(jitter(self.args.heartbeat_interval)).await;
+                    // once; a member that said when to come back (`Retry-After`) is not asked
+                    // before then, plus up to as long again.
+                    let wait = match self.cp.0.take_retry_after() {
+                        Some(after) => after + jitter(after.max(self.args.heartbeat_interval)),
+                        None => jitter(self.args.heartbeat_interval),
+                    };
+                    tokio::time::sleep(wait).await;
                 }
             }
         }

@@ -54,6 +54,8 @@ pub struct Failover {
     urls: Vec<String>,
     current: usize,
     http: reqwest::Client,
+    /// The `Retry-After` of the last answer that carried one (a shed or budgeted request).
+    retry_after: Option<Duration>,
 }
 
 impl Failover {
@@ -96,11 +98,18 @@ impl Failover {
             urls,
             current: 0,
             http,
+            retry_after: None,
         })
     }
 
     pub fn urls(&self) -> &[String] {
         &self.urls
+    }
+
+    /// The `Retry-After` (in whole seconds, at most an hour) of the last answer that carried
+    /// one since the last call of this, if any.
+    pub fn take_retry_after(&mut self) -> Option<Duration> {
+        self.retry_after.take()
     }
 
     /// The member the next request goes to first.
@@ -120,6 +129,7 @@ impl Failover {
     /// One pass: the current member, then each other one at most once, until one answers
     /// something final.
     pub async fn send(&mut self, req: &Request<'_>) -> Answer {
+        self.retry_after = None;
         let mut last = Answer::Unavailable("no member was tried".into());
         for _ in 0..self.urls.len() {
             let url = format!("{}{}", self.current(), req.path);
@@ -139,6 +149,14 @@ impl Failover {
                 Err(e) => Answer::Unavailable(format!("{url}: {}", e.without_url())),
                 Ok(resp) => {
                     let status = resp.status().as_u16();
+                    if let Some(secs) = resp
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                    {
+                        self.retry_after = Some(Duration::from_secs(secs.min(3600)));
+                    }
                     let body = resp.json().await.unwrap_or(Value::Null);
                     // A member shedding load asks the client to come back later, not to move
                     // the load to another member (which would relay it to the same leader).
@@ -223,8 +241,14 @@ mod tests {
                         }
                     }
                     let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+                    // A shed answer says when to come back, as a member's does.
+                    let retry = if code == "over_capacity" {
+                        "retry-after: 7\r\n"
+                    } else {
+                        ""
+                    };
                     let answer = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry}connection: close\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = s.write_all(answer.as_bytes()).await;
@@ -292,5 +316,28 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    /// A shed answer's `Retry-After` is kept for the caller (the agent waits at least that
+    /// long before its next heartbeat); the next request forgets it.
+    #[tokio::test]
+    async fn a_shed_answer_keeps_its_retry_after_until_the_next_request() {
+        let shed = member(503, "over_capacity").await;
+        let refused = member(400, "invalid_body").await;
+        let req = Request {
+            method: reqwest::Method::POST,
+            path: "/api/v1/agent/nodes/n/heartbeat",
+            bearer: None,
+            body: Some(b"{}".to_vec()),
+            idempotency_key: None,
+        };
+        let mut c = client(vec![shed]).unwrap();
+        assert!(matches!(c.send(&req).await, Answer::Unavailable(_)));
+        assert_eq!(c.take_retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(c.take_retry_after(), None);
+        let mut c2 = client(vec![refused]).unwrap();
+        c2.retry_after = Some(Duration::from_secs(1));
+        assert!(matches!(c2.send(&req).await, Answer::Refused(400, ..)));
+        assert_eq!(c2.take_retry_after(), None);
     }
 }

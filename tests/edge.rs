@@ -83,21 +83,26 @@ async fn a_connection_that_never_finishes_its_request_head_is_closed() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_header_read_timeout_is_30_seconds() {
+/// Whether `serve --help` documents `flag` with `[default: <default>]`.
+fn assert_serve_default(flag: &str, default: &str) {
     let out = std::process::Command::new(server_bin())
         .args(["serve", "--help"])
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    let line = help
-        .split("--header-read-timeout")
-        .nth(1)
-        .expect("the flag is documented");
+    let line = help.split(flag).nth(1).expect("the flag is documented");
     assert!(
-        line.split("--").next().unwrap().contains("[default: 30s]"),
+        line.split("--")
+            .next()
+            .unwrap()
+            .contains(&format!("[default: {default}]")),
         "{line}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_header_read_timeout_is_30_seconds() {
+    assert_serve_default("--header-read-timeout", "30s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,19 +164,7 @@ async fn a_request_whose_body_trickles_in_is_cut_off_at_the_request_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_request_timeout_is_60_seconds() {
-    let out = std::process::Command::new(server_bin())
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    let line = help
-        .split("--request-timeout")
-        .nth(1)
-        .expect("the flag is documented");
-    assert!(
-        line.split("--").next().unwrap().contains("[default: 60s]"),
-        "{line}"
-    );
+    assert_serve_default("--request-timeout", "60s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,27 +40,6 @@ fn start_joiner(root: &std::path::Path, id: u64, join: &str) -> Joiner {
     }
 }
 
-/// Run `modelforge admin <args> --output json` against `url`: (exit code, JSON out).
-async fn admin_json(url: &str, args: &[&str]) -> (i32, serde_json::Value) {
-    let out = tokio::process::Command::new(server_bin())
-        .arg("admin")
-        .args(args)
-        .args(["--output", "json"])
-        .env("MODELFORGE_URL", url)
-        .env("MODELFORGE_CACERT", &harness_ca().cert)
-        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-        .env("MODELFORGE_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .expect("run modelforge admin");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = serde_json::from_str(&text).unwrap_or_else(
-        |_| json!({"stdout": text, "stderr": String::from_utf8_lossy(&out.stderr)}),
-    );
-    (out.status.code().unwrap_or(-1), v)
-}
-
 async fn members_of(url: &str) -> Option<Vec<api::ClusterMember>> {
     devkit::cluster_view(&http(), url, ADMIN, Duration::from_secs(5))
         .await

@@ -10,34 +10,6 @@ use modelforge_proto::api;
 use serde_json::Value;
 use serde_json::json;
 
-/// Run `modelforge admin <args>` against `urls`; (exit code, stdout, stderr).
-async fn admin_cli(urls: &str, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(server_bin())
-        .arg("admin")
-        .args(args)
-        .env("MODELFORGE_URL", urls)
-        .env("MODELFORGE_CACERT", &harness_ca().cert)
-        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-        .env("MODELFORGE_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .expect("run modelforge admin");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn admin_json(urls: &str, args: &[&str]) -> (i32, Value) {
-    let mut a = args.to_vec();
-    a.extend(["--output", "json"]);
-    let (code, out, err) = admin_cli(urls, &a).await;
-    let v = serde_json::from_str(&out).unwrap_or_else(|_| json!({"stdout": out, "stderr": err}));
-    (code, v)
-}
-
 /// The agent command `enrollments create` prints, run as printed (paths moved into the test's
 /// scratch dir), enrols a node: the token reaches the agent through a 0600 file, never argv.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

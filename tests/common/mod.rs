@@ -194,6 +194,34 @@ async fn answer(r: reqwest::RequestBuilder) -> (u16, Value) {
     }
 }
 
+/// Run `modelforge admin <args>` against `urls`; (exit code, stdout, stderr).
+pub async fn admin_cli(urls: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(server_bin())
+        .arg("admin")
+        .args(args)
+        .env("MODELFORGE_URL", urls)
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
+        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+        .env("MODELFORGE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run modelforge admin");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub async fn admin_json(urls: &str, args: &[&str]) -> (i32, Value) {
+    let mut a = args.to_vec();
+    a.extend(["--output", "json"]);
+    let (code, out, err) = admin_cli(urls, &a).await;
+    let v = serde_json::from_str(&out).unwrap_or_else(|_| json!({"stdout": out, "stderr": err}));
+    (code, v)
+}
+
 /// Whether `v` is the contract's error shape, `{"error": {"code": "...", "message": "..."}}`:
 /// the raw wire shape is what is under test here, so it is read by key.
 pub fn is_error_shape(v: &Value) -> bool {

@@ -184,17 +184,7 @@ pub async fn run(bench: &mut Bench) {
         println!("flood: skipped (needs 2 CPUs, one for the member and one for the load)");
         return;
     }
-    let flags: Vec<String> = [
-        "--argon2-m-kib",
-        "1024",
-        "--argon2-t",
-        "1",
-        "--credential-pool",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let flags = super::cheap_hashing_flags();
     let member_cpu = (cpus - 1).to_string();
     let c = Cluster::start_pinned(
         1,

@@ -27,3 +27,20 @@ pub struct Bench {
     pub bin: PathBuf,
     pub r: Report,
 }
+
+/// Serve flags of the clusters that enrol many agents: cheap argon2 (the default parameters
+/// would take an hour of hashing for 100,000 nodes) and no credential pool (its background
+/// hashing would land on one side of a comparison).
+pub fn cheap_hashing_flags() -> Vec<String> {
+    [
+        "--argon2-m-kib",
+        "1024",
+        "--argon2-t",
+        "1",
+        "--credential-pool",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}

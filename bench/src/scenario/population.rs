@@ -29,17 +29,7 @@ pub async fn enrol(bench: &mut Bench) -> Population {
     );
     let r = &mut bench.r;
     // ---- Cluster B: the agent population.
-    let b_flags: Vec<String> = [
-        "--argon2-m-kib",
-        "1024",
-        "--argon2-t",
-        "1",
-        "--credential-pool",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let b_flags = super::cheap_hashing_flags();
     let b = Cluster::start(&bin, &dir, "b", &b_flags).await;
     let urls = b.urls();
     let lb = b.url(b.wait_leader(Duration::from_secs(30)).await);

@@ -41,17 +41,7 @@ impl Twin {
         plain: bool,
         agents: usize,
     ) -> Self {
-        let mut flags: Vec<String> = [
-            "--argon2-m-kib",
-            "1024",
-            "--argon2-t",
-            "1",
-            "--credential-pool",
-            "0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut flags = super::cheap_hashing_flags();
         if plain {
             flags.push("--insecure-http".into());
         }

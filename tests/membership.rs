@@ -46,20 +46,60 @@ async fn members_of(url: &str) -> Option<Vec<api::ClusterMember>> {
         .map(|v| v.members)
 }
 
-/// Steady load on `url` until `stop`: an enrolment token created (a replicated write) and the
-/// cluster view read, back to back; counts what was not answered 2xx.
-fn steady_load(
-    url: String,
+/// A client loop running until [`Load::finish`]: each round is one call of `round`, true when it
+/// got the answer a good request must get.
+struct Load {
     stop: Arc<AtomicBool>,
-) -> (
-    Arc<AtomicUsize>,
-    Arc<AtomicUsize>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (ok, bad) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (o, b) = (ok.clone(), bad.clone());
-    let task = tokio::spawn(async move {
-        while !stop.load(Ordering::SeqCst) {
+    ok: Arc<AtomicUsize>,
+    bad: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn spawn<F, Fut>(mut round: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = bool> + Send,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ok, bad) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (s, o, b) = (stop.clone(), ok.clone(), bad.clone());
+        let task = tokio::spawn(async move {
+            while !s.load(Ordering::SeqCst) {
+                let counter = if round().await { &o } else { &b };
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        Load {
+            stop,
+            ok,
+            bad,
+            task,
+        }
+    }
+
+    /// Stop it; every round must have succeeded, and at least one ran.
+    async fn finish(self, what: &str) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap();
+        assert_eq!(
+            self.bad.load(Ordering::SeqCst),
+            0,
+            "{what}: a good request failed"
+        );
+        assert!(
+            self.ok.load(Ordering::SeqCst) > 0,
+            "{what}: the load never ran"
+        );
+    }
+}
+
+/// Steady load on `url`: an enrolment token created (a replicated write) and the cluster view
+/// read, back to back; both must succeed at once.
+fn steady_load(url: String) -> Load {
+    Load::spawn(move || {
+        let url = url.clone();
+        async move {
             let (s, v) = call(
                 "POST",
                 &format!("{url}/api/v1/admin/node-enrollments"),
@@ -68,26 +108,65 @@ fn steady_load(
             )
             .await;
             let (r, _) = call("GET", &format!("{url}/api/v1/cluster"), Some(ADMIN), None).await;
-            if s == 201 && r == 200 {
-                o.fetch_add(1, Ordering::SeqCst);
-            } else {
+            if s != 201 || r != 200 {
                 eprintln!("refused under membership change: {s} {v} / {r}");
-                b.fetch_add(1, Ordering::SeqCst);
+            }
+            s == 201 && r == 200
+        }
+    })
+}
+
+/// Whether `send(url)` answers `want` from some member of `urls`, trying them in turn for up
+/// to `within` (as agents and the admin CLI do).
+async fn any_member<F, Fut>(urls: &[String], within: Duration, want: u16, send: F) -> bool
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = u16>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        for url in urls {
+            if send(url.clone()).await == want {
+                return true;
             }
         }
-    });
-    (ok, bad, task)
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Heartbeats of one node, agent-like: each beat goes to the members in turn until one
+/// answers 200 within 5 s.
+fn heartbeat_loop(urls: Vec<String>, node_id: String, credential: String) -> Load {
+    Load::spawn(move || {
+        let (urls, node_id, credential) = (urls.clone(), node_id.clone(), credential.clone());
+        async move {
+            let ok = any_member(&urls, Duration::from_secs(5), 200, |url| {
+                let (node_id, credential) = (node_id.clone(), credential.clone());
+                async move {
+                    call(
+                        "POST",
+                        &format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat"),
+                        Some(&credential),
+                        Some(json!({})),
+                    )
+                    .await
+                    .0
+                }
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            ok
+        }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_from_one_to_three_and_back_under_load() {
     let mut c = Cluster::start(1).await;
     let leader = c.url(1);
-    let stop = Arc::new(AtomicBool::new(false));
     // Four clients, each a write and a read back to back, for the whole test.
-    let loads: Vec<_> = (0..4)
-        .map(|_| steady_load(leader.clone(), stop.clone()))
-        .collect();
+    let loads: Vec<Load> = (0..4).map(|_| steady_load(leader.clone())).collect();
 
     // Two members wait to be added; until then they refuse client requests and say why.
     let j2 = start_joiner(c.root(), 2, &leader);
@@ -245,58 +324,10 @@ async fn grow_from_one_to_three_and_back_under_load() {
         );
     }
 
-    stop.store(true, Ordering::SeqCst);
-    for (ok, bad, task) in loads {
-        task.await.unwrap();
-        assert_eq!(bad.load(Ordering::SeqCst), 0, "good requests were refused");
-        assert!(ok.load(Ordering::SeqCst) > 0, "the load ran");
+    for load in loads {
+        load.finish("writes and reads on the leader").await;
     }
     drop((j2.proc, j3.proc));
-}
-
-/// Heartbeats of one node, agent-like, until `stop`: each beat is sent to the members in
-/// `urls` in turn until one answers 200 within 5 s; a beat that never does is counted.
-fn heartbeat_loop(
-    urls: Vec<String>,
-    node_id: String,
-    credential: String,
-    stop: Arc<AtomicBool>,
-) -> (
-    Arc<AtomicUsize>,
-    Arc<AtomicUsize>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (ok, bad) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (o, b) = (ok.clone(), bad.clone());
-    let task = tokio::spawn(async move {
-        while !stop.load(Ordering::SeqCst) {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            let mut done = false;
-            'beat: while tokio::time::Instant::now() < deadline {
-                for url in &urls {
-                    let (s, _) = call(
-                        "POST",
-                        &format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat"),
-                        Some(&credential),
-                        Some(json!({})),
-                    )
-                    .await;
-                    if s == 200 {
-                        done = true;
-                        break 'beat;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            if done {
-                o.fetch_add(1, Ordering::SeqCst);
-            } else {
-                b.fetch_add(1, Ordering::SeqCst);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
-    (ok, bad, task)
 }
 
 /// A member whose disk died (data dir wiped for good) is replaced online: a new member under a
@@ -309,12 +340,10 @@ async fn a_dead_member_is_replaced_and_a_leader_removes_itself_while_heartbeats_
     let leader = c.wait_leader().await;
     let dead = (1..=3).find(|id| *id != leader).unwrap();
     let stays = (1..=3).find(|id| *id != leader && *id != dead).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, bad, beats) = heartbeat_loop(
+    let beats = heartbeat_loop(
         vec![c.url(stays), c.url(leader)],
         node_id.clone(),
         credential.clone(),
-        stop.clone(),
     );
 
     // The follower's disk dies: the process is gone and so is its data, for good.
@@ -396,10 +425,7 @@ async fn a_dead_member_is_replaced_and_a_leader_removes_itself_while_heartbeats_
     assert!(view.members.iter().all(|m| m.id != leader), "{v}");
     assert_eq!(view.members.len(), 2, "{v}");
 
-    stop.store(true, Ordering::SeqCst);
-    beats.await.unwrap();
-    assert_eq!(bad.load(Ordering::SeqCst), 0, "a heartbeat never got 200");
-    assert!(ok.load(Ordering::SeqCst) > 0);
+    beats.finish("heartbeats").await;
     agent.stop();
     drop(j4.proc);
 }
@@ -411,8 +437,7 @@ async fn a_dead_member_is_replaced_and_a_leader_removes_itself_while_heartbeats_
 async fn three_to_five_members_with_a_leader_kill_in_the_middle() {
     let mut c = Cluster::start(3).await;
     let (mut agent, node_id, credential) = c.enrol_one("gpu-b").await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, bad, beats) = heartbeat_loop(c.urls(), node_id, credential, stop.clone());
+    let beats = heartbeat_loop(c.urls(), node_id, credential);
     let leader = c.wait_leader().await;
     let j4 = start_joiner(c.root(), 4, &c.url(leader));
     let j5 = start_joiner(c.root(), 5, &c.url(leader));
@@ -482,10 +507,7 @@ async fn three_to_five_members_with_a_leader_kill_in_the_middle() {
         assert_eq!(m.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
     }
 
-    stop.store(true, Ordering::SeqCst);
-    beats.await.unwrap();
-    assert_eq!(bad.load(Ordering::SeqCst), 0, "a heartbeat never got 200");
-    assert!(ok.load(Ordering::SeqCst) > 0);
+    beats.finish("heartbeats").await;
     agent.stop();
     drop((j4.proc, j5.proc));
 }
@@ -498,45 +520,34 @@ async fn three_to_five_members_with_a_leader_kill_in_the_middle() {
 async fn a_rolling_restart_refuses_no_good_request() {
     let mut c = Cluster::start(3).await;
     let (mut agent, node_id, credential) = c.enrol_one("gpu-c").await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, bad, beats) = heartbeat_loop(c.urls(), node_id, credential, stop.clone());
-    // Writes, each retried across members for up to 10 s (as `modelforge admin` does).
-    let (wrote, lost) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let writes = {
-        let (urls, stop, wrote, lost) = (c.urls(), stop.clone(), wrote.clone(), lost.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let key = modelforge_proto::new_uuid();
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-                let mut done = false;
-                'write: while tokio::time::Instant::now() < deadline {
-                    for url in &urls {
-                        let (s, _) = raw(
-                            "POST",
-                            &format!("{url}/api/v1/admin/node-enrollments"),
-                            &[
-                                ("authorization", &format!("Bearer {ADMIN}")),
-                                ("content-type", "application/json"),
-                                ("idempotency-key", &key),
-                            ],
-                            b"{}".to_vec(),
-                        )
-                        .await;
-                        if s == 201 {
-                            done = true;
-                            break 'write;
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+    let beats = heartbeat_loop(c.urls(), node_id, credential);
+    // Writes, each retried across members for up to 10 s under one Idempotency-Key (as
+    // `modelforge admin` does).
+    let urls = c.urls();
+    let writes = Load::spawn(move || {
+        let urls = urls.clone();
+        async move {
+            let key = modelforge_proto::new_uuid();
+            any_member(&urls, Duration::from_secs(10), 201, |url| {
+                let key = key.clone();
+                async move {
+                    raw(
+                        "POST",
+                        &format!("{url}/api/v1/admin/node-enrollments"),
+                        &[
+                            ("authorization", &format!("Bearer {ADMIN}")),
+                            ("content-type", "application/json"),
+                            ("idempotency-key", &key),
+                        ],
+                        b"{}".to_vec(),
+                    )
+                    .await
+                    .0
                 }
-                if done {
-                    wrote.fetch_add(1, Ordering::SeqCst);
-                } else {
-                    lost.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        })
-    };
+            })
+            .await
+        }
+    });
     let leader = c.wait_leader().await;
     let order: Vec<u64> = (1..=3).filter(|id| *id != leader).chain([leader]).collect();
     for id in order {
@@ -561,15 +572,7 @@ async fn a_rolling_restart_refuses_no_good_request() {
         })
         .await;
     }
-    stop.store(true, Ordering::SeqCst);
-    beats.await.unwrap();
-    writes.await.unwrap();
-    assert_eq!(bad.load(Ordering::SeqCst), 0, "a heartbeat never got 200");
-    assert_eq!(
-        lost.load(Ordering::SeqCst),
-        0,
-        "a write was never acknowledged"
-    );
-    assert!(ok.load(Ordering::SeqCst) > 0 && wrote.load(Ordering::SeqCst) > 0);
+    beats.finish("heartbeats").await;
+    writes.finish("writes").await;
     agent.stop();
 }

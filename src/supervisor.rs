@@ -31,6 +31,8 @@ use ractor::RpcReplyPort;
 use ractor::SupervisionEvent;
 
 use crate::app::Replicated;
+use crate::state::State;
+use modelforge_proto::api::ErrorCode;
 use modelforge_proto::ids::HistoryKind;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::NodeStatus;
@@ -43,6 +45,10 @@ pub const DEFAULT_TELEMETRY_BUDGET: usize = 128 << 20;
 const SAMPLE_OVERHEAD: usize = 40;
 /// How long a read of a shard may take.
 const CALL_TIMEOUT_MS: u64 = 2000;
+/// A node's latest telemetry sample is shared with the other members at most this often.
+pub const OBSERVED_TELEMETRY_EVERY_MS: i64 = 30_000;
+/// The largest telemetry sample a member takes from a share (an agent's body is smaller).
+const SHARED_SAMPLE_MAX: usize = 1 << 20;
 
 /// A refused agent request, as the node's view shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +73,176 @@ pub struct NodeLive {
     pub last_report_ms: Option<i64>,
     /// The status last written to history.
     pub recorded_status: Option<NodeStatus>,
+    /// Whether `last_refusal` was handed to the other members already.
+    pub refusal_shared: bool,
+    /// The time of the last telemetry sample handed to the other members.
+    pub telemetry_shared_at_ms: Option<i64>,
+}
+
+/// What the leader's live view of one node shares with the other members: its last refusal
+/// and its latest telemetry sample, kept by every member in memory only ([`Observed`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObservedNode {
+    pub last_refusal: Option<Refusal>,
+    pub telemetry: Option<(i64, Box<str>)>,
+}
+
+/// One node's share as it travels between members (a peer body): the refusal's code by its
+/// wire name, decoded back only into a code this build knows.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct SharedNode {
+    pub node_id: NodeId,
+    /// (status, code, at, credential_of_this_node)
+    pub refusal: Option<(u16, String, i64, bool)>,
+    pub telemetry: Option<(i64, String)>,
+}
+
+impl SharedNode {
+    pub fn from_observed(node_id: NodeId, o: &ObservedNode) -> Self {
+        Self {
+            node_id,
+            refusal: o.last_refusal.map(|r| {
+                (
+                    r.status,
+                    r.code.to_string(),
+                    r.at_ms,
+                    r.credential_of_this_node,
+                )
+            }),
+            telemetry: o.telemetry.as_ref().map(|(at, t)| (*at, t.to_string())),
+        }
+    }
+
+    /// Back into a node's share; parts that no member could have recorded (a status other
+    /// than 401/403, a code this build does not know, an oversized sample) are dropped.
+    pub fn into_observed(self) -> (NodeId, ObservedNode) {
+        let last_refusal = self.refusal.and_then(|(status, code, at_ms, own)| {
+            let code = ErrorCode::parse(&code)?.as_str();
+            matches!(status, 401 | 403).then_some(Refusal {
+                status,
+                code,
+                at_ms,
+                credential_of_this_node: own,
+            })
+        });
+        let telemetry = self
+            .telemetry
+            .filter(|(_, t)| t.len() <= SHARED_SAMPLE_MAX)
+            .map(|(at, t)| (at, t.into_boxed_str()));
+        (
+            self.node_id,
+            ObservedNode {
+                last_refusal,
+                telemetry,
+            },
+        )
+    }
+}
+
+/// Every member's copy of what the leader shared of its live view (see ARCHITECTURE.md, "Node
+/// supervision"): memory only, one entry a node that exists and is not decommissioned here,
+/// telemetry within a byte budget. A member that becomes leader seeds its shards from it.
+#[derive(Default)]
+pub struct Observed {
+    inner: std::sync::Mutex<ObservedInner>,
+    /// Entries taken from the leader's shares.
+    pub learned: AtomicU64,
+}
+
+#[derive(Default)]
+struct ObservedInner {
+    nodes: HashMap<NodeId, ObservedNode>,
+    telemetry_bytes: usize,
+    pruned_at_ms: i64,
+}
+
+/// What [`Observed`] holds, for `GET /api/v1/cluster`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObservedCounts {
+    pub nodes: usize,
+    pub refusals: usize,
+    pub telemetry_samples: usize,
+}
+
+impl Observed {
+    /// Take `batch` into the store: newer refusals and samples replace older ones; nodes
+    /// missing or decommissioned in `state` are skipped (and pruned, at most once a minute);
+    /// over `budget` bytes of samples, a node without a sample here gets none.
+    pub fn merge(
+        &self,
+        state: &State,
+        batch: Vec<(NodeId, ObservedNode)>,
+        budget: usize,
+        now_ms: i64,
+    ) -> usize {
+        let live = |id: &NodeId| {
+            state
+                .nodes
+                .get(id)
+                .is_some_and(|n| n.decommissioned_at_ms.is_none())
+        };
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *g;
+        if now_ms - inner.pruned_at_ms >= 60_000 {
+            inner.pruned_at_ms = now_ms;
+            let mut freed = 0;
+            inner.nodes.retain(|id, o| {
+                let keep = live(id);
+                if !keep {
+                    freed += o.telemetry.as_ref().map_or(0, |(_, t)| sample_cost(t));
+                }
+                keep
+            });
+            inner.telemetry_bytes = inner.telemetry_bytes.saturating_sub(freed);
+        }
+        let mut taken = 0;
+        for (id, o) in batch {
+            if !live(&id) {
+                continue;
+            }
+            let over = inner.telemetry_bytes;
+            let e = inner.nodes.entry(id).or_default();
+            if let Some(r) = o.last_refusal
+                && e.last_refusal.is_none_or(|old| old.at_ms <= r.at_ms)
+            {
+                e.last_refusal = Some(r);
+            }
+            if let Some((at, t)) = o.telemetry {
+                let old = e.telemetry.as_ref().map(|(at, t)| (*at, sample_cost(t)));
+                match old {
+                    Some((old_at, old_cost)) if old_at < at => {
+                        inner.telemetry_bytes = over - old_cost + sample_cost(&t);
+                        e.telemetry = Some((at, t));
+                    }
+                    None if over + sample_cost(&t) <= budget => {
+                        inner.telemetry_bytes = over + sample_cost(&t);
+                        e.telemetry = Some((at, t));
+                    }
+                    _ => {}
+                }
+            }
+            taken += 1;
+        }
+        taken
+    }
+
+    pub fn get(&self, node_id: &NodeId) -> Option<ObservedNode> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.nodes.get(node_id).cloned()
+    }
+
+    pub fn counts(&self) -> ObservedCounts {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        ObservedCounts {
+            nodes: g.nodes.len(),
+            refusals: g
+                .nodes
+                .values()
+                .filter(|o| o.last_refusal.is_some())
+                .count(),
+            telemetry_samples: g.nodes.values().filter(|o| o.telemetry.is_some()).count(),
+        }
+    }
 }
 
 pub enum ShardMsg {
@@ -88,6 +264,8 @@ pub enum ShardMsg {
     Get(NodeId, RpcReplyPort<(NodeLive, i64)>),
     /// Every node's live state (without telemetry rings).
     All(RpcReplyPort<(Vec<(NodeId, NodeLive)>, i64)>),
+    /// What changed since the last share, to hand to the other members (the time is now).
+    TakeShare(i64, RpcReplyPort<Vec<(NodeId, ObservedNode)>>),
     /// Record the given statuses as written and take the unflushed refusals.
     Flush(
         Vec<(NodeId, NodeStatus)>,
@@ -107,6 +285,7 @@ pub struct ShardArgs {
     index: usize,
     shards: usize,
     app: Arc<Replicated>,
+    observed: Arc<Observed>,
     rebuilt_at_ms: i64,
     telemetry_budget: usize,
 }
@@ -115,6 +294,7 @@ pub struct ShardState {
     index: usize,
     shards: usize,
     app: Arc<Replicated>,
+    observed: Arc<Observed>,
     nodes: HashMap<NodeId, NodeLive>,
     rebuilt_at_ms: i64,
     /// This shard's share of the telemetry budget, and what its rings hold now.
@@ -137,11 +317,18 @@ pub fn shard_of(node_id: &NodeId, shards: usize) -> usize {
 }
 
 impl ShardState {
-    /// Seed from the replicated state: the shard's nodes, last seen per `last_used_at`.
+    /// Seed from the replicated state (the shard's nodes, last seen per `last_used_at`), then
+    /// from what the leader shared ([`Observed`]): the last refusal and the latest sample.
     fn seed(&mut self) {
         self.nodes.clear();
         self.telemetry_bytes = 0;
+        // Lock order: the state, then the store (as `Observed::merge`'s callers).
         let s = self.app.read();
+        let observed = self
+            .observed
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         for node in s.nodes.values() {
             if shard_of(&node.node_id, self.shards) != self.index
                 || node.decommissioned_at_ms.is_some()
@@ -160,14 +347,24 @@ impl ShardState {
                 .rev()
                 .find(|e| e.kind == HistoryKind::Status)
                 .map(|e| NodeStatus::parse(&e.detail).unwrap_or(NodeStatus::NeverSeen));
-            self.nodes.insert(
-                node.node_id.clone(),
-                NodeLive {
-                    last_heartbeat_ms: seen,
-                    recorded_status: last_status,
-                    ..Default::default()
-                },
-            );
+            let mut live = NodeLive {
+                last_heartbeat_ms: seen,
+                recorded_status: last_status,
+                ..Default::default()
+            };
+            if let Some(o) = observed.nodes.get(&node.node_id) {
+                // Other members may have missed the refusal: it is shared again. A sample
+                // arrives only with an accepted heartbeat, so it dates one; it is never a
+                // fresh hardware report.
+                live.last_refusal = o.last_refusal;
+                if let Some((at, t)) = &o.telemetry {
+                    live.last_heartbeat_ms = live.last_heartbeat_ms.max(Some(*at));
+                    live.telemetry_shared_at_ms = Some(*at);
+                    self.telemetry_bytes += sample_cost(t);
+                    live.telemetry.push_back((*at, t.clone()));
+                }
+            }
+            self.nodes.insert(node.node_id.clone(), live);
         }
     }
 
@@ -197,6 +394,7 @@ impl Actor for Shard {
             index: a.index,
             shards: a.shards,
             app: a.app,
+            observed: a.observed,
             nodes: HashMap::new(),
             rebuilt_at_ms: a.rebuilt_at_ms,
             telemetry_budget: a.telemetry_budget,
@@ -249,6 +447,7 @@ impl Actor for Shard {
                 if let Some(n) = st.entry(&node_id) {
                     let status = refusal.status;
                     n.last_refusal = Some(refusal);
+                    n.refusal_shared = false;
                     match n.unflushed_refusals.iter_mut().find(|(s, _)| *s == status) {
                         Some((_, c)) => *c = c.saturating_add(1),
                         None => n.unflushed_refusals.push((status, 1)),
@@ -276,6 +475,38 @@ impl Actor for Shard {
                     })
                     .collect();
                 let _ = reply.send((all, st.rebuilt_at_ms));
+            }
+            ShardMsg::TakeShare(now_ms, reply) => {
+                let mut out = vec![];
+                for (id, n) in st.nodes.iter_mut() {
+                    let last_refusal = if n.refusal_shared {
+                        None
+                    } else {
+                        n.refusal_shared = true;
+                        n.last_refusal
+                    };
+                    let telemetry = match n.telemetry.back() {
+                        Some((at, t))
+                            if n.telemetry_shared_at_ms.is_none_or(|shared| {
+                                *at > shared && now_ms - shared >= OBSERVED_TELEMETRY_EVERY_MS
+                            }) =>
+                        {
+                            n.telemetry_shared_at_ms = Some(*at);
+                            Some((*at, t.clone()))
+                        }
+                        _ => None,
+                    };
+                    if last_refusal.is_some() || telemetry.is_some() {
+                        out.push((
+                            id.clone(),
+                            ObservedNode {
+                                last_refusal,
+                                telemetry,
+                            },
+                        ));
+                    }
+                }
+                let _ = reply.send(out);
             }
             ShardMsg::Flush(statuses, reply) => {
                 for (id, s) in statuses {
@@ -359,6 +590,8 @@ pub struct Supervision {
     shards: usize,
     telemetry_budget: usize,
     app: Arc<Replicated>,
+    /// What the leader shared of its live view; shards seed from it when rebuilt.
+    pub observed: Arc<Observed>,
     refs: Arc<RwLock<Vec<Option<ActorRef<ShardMsg>>>>>,
     rebuilt_at_ms: Arc<AtomicU64>,
     pub restarts: Arc<AtomicU64>,
@@ -383,6 +616,7 @@ impl Supervision {
             shards: shards.max(1),
             telemetry_budget,
             app,
+            observed: Arc::new(Observed::default()),
             refs: Arc::new(RwLock::new(vec![None; shards.max(1)])),
             rebuilt_at_ms: Arc::new(AtomicU64::new(now_ms as u64)),
             restarts: Arc::new(AtomicU64::new(0)),
@@ -407,6 +641,7 @@ impl Supervision {
             index,
             shards: self.shards,
             app: self.app.clone(),
+            observed: self.observed.clone(),
             rebuilt_at_ms: self.rebuilt_at_ms.load(Ordering::SeqCst) as i64,
             telemetry_budget: self.telemetry_budget / self.shards,
         }
@@ -474,6 +709,22 @@ impl Supervision {
             }
         }
         out
+    }
+
+    /// What changed in every shard since the last share (see [`ShardMsg::TakeShare`]).
+    pub async fn take_share(&self, now_ms: i64) -> Vec<(NodeId, ObservedNode)> {
+        let mut out = vec![];
+        for s in self.all_refs() {
+            if let Ok(v) = ractor::call_t!(s, ShardMsg::TakeShare, CALL_TIMEOUT_MS, now_ms) {
+                out.extend(v);
+            }
+        }
+        out
+    }
+
+    /// The byte budget of telemetry samples (shared samples are held within it too).
+    pub fn telemetry_budget(&self) -> usize {
+        self.telemetry_budget
     }
 
     /// Record `statuses` as written and take every shard's unflushed refusals.
@@ -704,5 +955,130 @@ mod tests {
             assert_eq!(l.telemetry.len(), 1);
             assert_eq!(l.telemetry[0].0, 4);
         }
+    }
+
+    /// What the leader shares reaches another member's store through the wire shape, and a
+    /// member that becomes leader seeds its view from it: the refusal and the latest sample
+    /// survive the failover, the sample dates a heartbeat but is no hardware report.
+    #[tokio::test]
+    async fn a_new_leader_seeds_its_view_with_what_the_old_one_shared() {
+        let leader = Supervision::start(app_with_nodes(3), 2, 0).await.unwrap();
+        let n0 = NodeId::from("n0");
+        leader.heartbeat(&n0, 5_000, "{\"gpu\":1}".into(), true);
+        let refusal = Refusal {
+            status: 403,
+            code: ErrorCode::CredentialForOtherNode.as_str(),
+            at_ms: 6_000,
+            credential_of_this_node: false,
+        };
+        leader.refused(&n0, refusal);
+        let mut share = vec![];
+        wait("the heartbeat and the refusal are shared", async || {
+            share.extend(leader.take_share(10_000).await);
+            let o = share.iter().find(|(id, _)| *id == n0).map(|(_, o)| o);
+            o.is_some_and(|o| o.last_refusal.is_some())
+                && share
+                    .iter()
+                    .any(|(id, o)| *id == n0 && o.telemetry.is_some())
+        })
+        .await;
+        assert!(
+            leader.take_share(11_000).await.is_empty(),
+            "nothing changed, nothing is shared again"
+        );
+        leader.heartbeat(&n0, 7_000, "{\"gpu\":2}".into(), false);
+        leader.refused(&n0, refusal);
+        wait("only the new refusal is shared within 30 s", async || {
+            let v = leader.take_share(12_000).await;
+            v.len() == 1 && v[0].1.telemetry.is_none() && v[0].1.last_refusal.is_some()
+        })
+        .await;
+        let v = leader.take_share(5_000 + OBSERVED_TELEMETRY_EVERY_MS).await;
+        assert_eq!(v[0].1.telemetry.as_ref().unwrap().0, 7_000, "{v:?}");
+
+        // Through the wire, into another member's store; an unknown code is dropped.
+        let wire: Vec<SharedNode> = share
+            .iter()
+            .map(|(id, o)| SharedNode::from_observed(id.clone(), o))
+            .chain([SharedNode {
+                node_id: NodeId::from("n1"),
+                refusal: Some((401, "made_up".into(), 1, true)),
+                telemetry: None,
+            }])
+            .collect();
+        let bytes = modelforge_raft::codec::encode(&wire).unwrap();
+        let back: Vec<SharedNode> = modelforge_raft::codec::decode(&bytes).unwrap();
+        let follower_app = app_with_nodes(3);
+        let follower = Supervision::start(follower_app.clone(), 2, 0)
+            .await
+            .unwrap();
+        let batch = back.into_iter().map(SharedNode::into_observed).collect();
+        follower
+            .observed
+            .merge(&follower_app.read(), batch, 1 << 20, 20_000);
+        assert_eq!(
+            follower.observed.counts(),
+            ObservedCounts {
+                nodes: 2,
+                refusals: 1,
+                telemetry_samples: 1
+            }
+        );
+        let (before, _) = follower.get(&n0).await;
+        assert_eq!(before.last_refusal, None, "seeded only when rebuilt");
+        follower.rebuild(30_000);
+        wait("the rebuilt view holds the shared state", async || {
+            follower.get(&n0).await.0.last_refusal == Some(refusal)
+        })
+        .await;
+        let (live, _) = follower.get(&n0).await;
+        assert_eq!(
+            live.telemetry.back().map(|(at, t)| (*at, &**t)),
+            Some((5_000, "{\"gpu\":1}"))
+        );
+        assert_eq!(live.last_heartbeat_ms, Some(5_000));
+        assert_eq!(
+            live.last_report_ms, None,
+            "a shared sample is no hardware report"
+        );
+        assert!(!live.refusal_shared, "the new leader shares it again");
+        assert_eq!(follower.get(&NodeId::from("n1")).await.0.last_refusal, None);
+    }
+
+    /// The store keeps the newer of two samples or refusals, keeps nothing for a node that is
+    /// not in its state, and holds samples within its budget.
+    #[test]
+    fn the_observed_store_keeps_the_newest_for_known_nodes_within_its_budget() {
+        let app = app_with_nodes(3);
+        let store = Observed::default();
+        let obs = |at: i64, text: &str| ObservedNode {
+            last_refusal: None,
+            telemetry: Some((at, text.into())),
+        };
+        let id = |s: &str| NodeId::from(s);
+        let budget = sample_cost("aaaa") + sample_cost("bbbb");
+        let state = app.read();
+        let taken = store.merge(
+            &state,
+            vec![
+                (id("n0"), obs(10, "aaaa")),
+                (id("nx"), obs(10, "xxxx")),
+                (id("n1"), obs(10, "bbbb")),
+            ],
+            budget,
+            0,
+        );
+        assert_eq!(taken, 2, "the unknown node is skipped");
+        store.merge(&state, vec![(id("n2"), obs(10, "cccc"))], budget, 0);
+        assert_eq!(
+            store.get(&id("n2")).unwrap().telemetry,
+            None,
+            "over the budget"
+        );
+        store.merge(&state, vec![(id("n0"), obs(5, "old!"))], budget, 0);
+        assert_eq!(store.get(&id("n0")).unwrap().telemetry.unwrap().0, 10);
+        store.merge(&state, vec![(id("n0"), obs(20, "newr"))], budget, 0);
+        assert_eq!(&*store.get(&id("n0")).unwrap().telemetry.unwrap().1, "newr");
+        assert_eq!(store.counts().telemetry_samples, 2);
     }
 }

@@ -345,3 +345,98 @@ fn with_another_secret(credential: &str) -> String {
     let body = format!("{prefix_and_id}_{other}");
     format!("{body}_{:08x}", crc32fast::hash(body.as_bytes()))
 }
+
+/// Issue 16: nothing an operator relies on dies with a leader. The refusal that prompted an
+/// investigation (another node's credential sent for node a) and the nodes' telemetry are
+/// shared with the followers, so after `kill -9` of the leader the new leader's node view still
+/// shows both and the doctor still names the runbook case, instead of "silent".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_and_telemetry_survive_the_leaders_death() {
+    let mut c = Cluster::start_with(3, &["--stale-after", "3s", "--offline-after", "6s"]).await;
+    let (mut agents, nodes) = c.enrol_agents("o", 2).await;
+    let ((aid, _), (_, bcred)) = (&nodes[0], &nodes[1]);
+    let urls = c.urls();
+    wait_until("node a's telemetry on the leader", WAIT, || async {
+        node_view(&urls, aid)
+            .await
+            .filter(|v| telemetry(v).is_some())
+    })
+    .await;
+    agents[0].stop();
+    let leader = c.wait_leader().await;
+    let url = format!("{}/api/v1/agent/nodes/{aid}/heartbeat", c.url(leader));
+    let (s, v) = call("POST", &url, Some(bcred), Some(json!({}))).await;
+    assert_eq!(refused(s, &v), (403, "credential_for_other_node"), "{v}");
+    let before = c.node(aid).await;
+    let refusal = before
+        .last_refusal
+        .clone()
+        .expect("the leader shows the refusal");
+    let followers: Vec<u64> = c.ids.iter().copied().filter(|i| *i != leader).collect();
+    for f in &followers {
+        let c = &c;
+        wait_until(
+            "the follower holds the leader's view",
+            WAIT,
+            || async move {
+                let o = c.cluster_view(*f).await?.observed;
+                (o.refusals >= 1 && o.telemetry_samples >= 2).then_some(())
+            },
+        )
+        .await;
+    }
+
+    c.kill9(leader);
+    let new_leader = c.wait_leader().await;
+    let after = node_view(&[c.url(new_leader)], aid)
+        .await
+        .expect("the new leader's view of node a");
+    assert_eq!(
+        after.last_refusal.as_ref(),
+        Some(&refusal),
+        "the new leader lost the refusal"
+    );
+    assert!(
+        telemetry(&after).is_some() && after.telemetry_at.is_some(),
+        "the new leader shows no telemetry: {after:?}"
+    );
+    assert!(after.telemetry_at <= before.telemetry_at);
+    assert!(
+        !after.summary.accelerators_verified,
+        "a shared sample is no fresh hardware report"
+    );
+    // The doctor, asked of the new leader, names the case once a is no longer online (the
+    // grace window of the new term); without the shared refusal it would say "silent".
+    let urls = c.url(new_leader);
+    let v = wait_until("the doctor names another node's credential", WAIT, || {
+        let urls = urls.clone();
+        let aid = aid.clone();
+        async move {
+            let (code, v) = admin_json(&urls, &["doctor", &aid]).await;
+            (code != 0).then_some((code, v))
+        }
+    })
+    .await;
+    assert_eq!(v.0, 11, "{}", v.1);
+    assert_eq!(
+        v.1["checks"]["last_refusal"]["code"],
+        "credential_for_other_node"
+    );
+}
+
+/// A node's view, asked of the first of `urls` that answers 200.
+async fn node_view(urls: &[String], node_id: &str) -> Option<api::NodeDetail> {
+    for u in urls {
+        let (s, v) = call(
+            "GET",
+            &format!("{u}/api/v1/admin/hardware/nodes/{node_id}"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        if s == 200 {
+            return Some(typed("a node", &v));
+        }
+    }
+    None
+}

@@ -343,6 +343,7 @@ mod tests {
             secret_checks: Default::default(),
             credential_pool: Default::default(),
             admission: Default::default(),
+            observed: Default::default(),
         })
     }
 

@@ -245,6 +245,10 @@ pub struct AdmissionView {
     pub in_flight: usize,
     /// Agent requests answered 503 `over_capacity` since start.
     pub shed: u64,
+    /// The `Retry-After` (seconds) a request shed now is answered with: 1, doubled each
+    /// second in which requests were shed, halved each second in which none were.
+    #[serde(default)]
+    pub retry_after_s: u64,
 }
 
 /// The leader's pool of credentials minted ahead, in `GET /api/v1/cluster`.
@@ -275,6 +279,18 @@ pub struct ClusterView {
     pub credential_pool: CredentialPoolView,
     #[serde(default)]
     pub admission: AdmissionView,
+    #[serde(default)]
+    pub observed: ObservedView,
+}
+
+/// What this member holds of the leader's live view of the nodes (memory only): it seeds the
+/// member's view if it becomes leader, so refusals and telemetry survive a failover.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ObservedView {
+    pub nodes: usize,
+    pub refusals: usize,
+    pub telemetry_samples: usize,
+    pub learned_from_leader: u64,
 }
 
 /// `GET /api/v1/cluster/state-digest`: a digest of the member's applied state.

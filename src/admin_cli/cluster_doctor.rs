@@ -208,6 +208,7 @@ mod tests {
             secret_checks: Default::default(),
             credential_pool: Default::default(),
             admission: Default::default(),
+            observed: Default::default(),
         }
     }
 

@@ -4,6 +4,8 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::task::Context;
 use std::task::Poll;
 use std::time::Duration;
@@ -293,10 +295,86 @@ pub fn leave_admission() {
     let _ = ADMITTED.try_with(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
 }
 
+/// How long a shed agent is told to stay away (`Retry-After`): one second at first, doubled
+/// at the end of every second in which agent requests were shed, halved for every second in
+/// which none were, never more than `cap_s`. Agents wait that long plus up to as long again,
+/// so a fleet that keeps offering more than the member serves is spread over a growing window
+/// until what it offers fits, instead of the member spending its CPU answering 503s (a shed
+/// request costs about two thirds of an admitted heartbeat: the transport, not the handler,
+/// is the cost). The cap keeps a shed node's silence well inside `--stale-after`.
+pub struct ShedBackoff {
+    origin: Instant,
+    /// Milliseconds from `origin` at which the current one-second window began.
+    window_ms: AtomicU64,
+    shed_in_window: AtomicU64,
+    after_s: AtomicU64,
+    cap_s: u64,
+}
+
+impl ShedBackoff {
+    pub fn new(cap_s: u64) -> Self {
+        Self {
+            origin: Instant::now(),
+            window_ms: AtomicU64::new(0),
+            shed_in_window: AtomicU64::new(0),
+            after_s: AtomicU64::new(1),
+            cap_s: cap_s.max(1),
+        }
+    }
+
+    /// A request was shed: count it; the `Retry-After` to answer, in seconds.
+    pub fn shed(&self) -> u64 {
+        self.roll(self.now_ms());
+        self.shed_in_window.fetch_add(1, Ordering::Relaxed);
+        self.after_s.load(Ordering::Relaxed)
+    }
+
+    /// A request was admitted (moves the window on when a second has passed).
+    pub fn admitted(&self) {
+        self.roll(self.now_ms());
+    }
+
+    /// The `Retry-After` a request shed now would get.
+    pub fn current(&self) -> u64 {
+        self.roll(self.now_ms());
+        self.after_s.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    /// End the window if a second has passed: one caller wins the exchange and moves the
+    /// level; requests counted by others meanwhile fall into the next window.
+    fn roll(&self, now_ms: u64) {
+        let began = self.window_ms.load(Ordering::Relaxed);
+        let seconds = now_ms.saturating_sub(began) / 1000;
+        if seconds == 0
+            || self
+                .window_ms
+                .compare_exchange(began, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let shed = self.shed_in_window.swap(0, Ordering::Relaxed);
+        let level = self.after_s.load(Ordering::Relaxed);
+        let next = if shed > 0 {
+            // Shedding went on through the window just ended; the seconds after it (if the
+            // window is older than one second) passed without a request at all.
+            (level.saturating_mul(2).min(self.cap_s) >> (seconds - 1).min(63)).max(1)
+        } else {
+            (level >> seconds.min(63)).max(1)
+        };
+        self.after_s.store(next, Ordering::Relaxed);
+    }
+}
+
 /// Admission control of agent requests (heartbeats, inventory, smoke reports) on the member
 /// that processes them: the body is read first (bounded in size and time, holding no slot, so
 /// slow bodies cannot take slots from others), then a slot is taken without waiting; with none
-/// free the request is shed at once with 503 `over_capacity` and `Retry-After: 1`, costing no
+/// free the request is shed at once with 503 `over_capacity` and a `Retry-After` that grows
+/// while shedding goes on ([`ShedBackoff`]), costing no
 /// JSON parse, no secret check and no write. The slot is held while the request works on the
 /// CPU, and given back before it waits on the argon2 pool or a replicated write (both bounded
 /// on their own; see [`leave_admission`]). Work in progress stays bounded, so the latency of
@@ -318,8 +396,9 @@ pub async fn admit_agent(
         ctx.checks
             .shed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return ApiError::over_capacity(1).into_response();
+        return ApiError::over_capacity(ctx.shed_backoff.shed()).into_response();
     };
+    ctx.shed_backoff.admitted();
     let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
     ADMITTED
         .scope(std::sync::Mutex::new(Some(slot)), next.run(req))
@@ -353,5 +432,47 @@ pub async fn request_deadline(
             );
             resp
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShedBackoff;
+
+    #[test]
+    fn retry_after_doubles_while_shedding_goes_on_and_halves_when_it_stops() {
+        let b = ShedBackoff::new(7);
+        let level = |b: &ShedBackoff| b.after_s.load(std::sync::atomic::Ordering::Relaxed);
+        b.shed_in_window
+            .store(3, std::sync::atomic::Ordering::Relaxed);
+        b.roll(999);
+        assert_eq!(level(&b), 1, "a window ends only after a second");
+        for (t, want) in [(1_000, 2), (2_000, 4), (3_000, 7), (4_000, 7)] {
+            b.shed_in_window
+                .store(1, std::sync::atomic::Ordering::Relaxed);
+            b.roll(t);
+            assert_eq!(level(&b), want, "at {t} ms");
+        }
+        b.roll(5_000);
+        assert_eq!(level(&b), 3, "a second without shedding halves it");
+        b.roll(7_500);
+        assert_eq!(
+            level(&b),
+            1,
+            "two quiet seconds halve it twice, never below one"
+        );
+        // Shedding in a window followed by silence: doubled for the window, halved after.
+        b.shed_in_window
+            .store(5, std::sync::atomic::Ordering::Relaxed);
+        b.roll(8_500);
+        assert_eq!(level(&b), 2);
+        b.shed_in_window
+            .store(5, std::sync::atomic::Ordering::Relaxed);
+        b.roll(11_500);
+        assert_eq!(
+            level(&b),
+            1,
+            "4, then halved for the two silent seconds after"
+        );
     }
 }

@@ -23,6 +23,7 @@ mod scheduler;
 mod tasks;
 mod write;
 
+use peer::share_observed;
 use peer::share_verified;
 pub use routes::router;
 use tasks::*;
@@ -124,6 +125,8 @@ pub struct Ctx {
     pub budgets: budget::Budgets,
     /// Slots of agent requests being processed (`edge::admit_agent`).
     pub agent_slots: Arc<tokio::sync::Semaphore>,
+    /// The `Retry-After` of a shed agent request, growing while shedding goes on.
+    pub shed_backoff: edge::ShedBackoff,
     /// Nodes with a scheduler reconcile in flight (at most one each).
     pub reconciling: std::sync::Mutex<std::collections::HashSet<modelforge_proto::ids::NodeId>>,
     /// One argon2 check at a time per credential id (see `budget::IdLocks`).
@@ -289,6 +292,10 @@ pub async fn serve_on(
     )
     .await?;
     let max_agent_requests = cfg.max_agent_requests.max(1);
+    // A quarter of --stale-after: a shed agent waits at most twice that (with its jitter)
+    // plus one interval, so shedding alone never makes a node stale.
+    let shed_backoff =
+        edge::ShedBackoff::new((cfg.thresholds.stale_after_ms / 4_000).max(1) as u64);
     let ctx = Arc::new(Ctx {
         cfg,
         consensus: consensus.clone(),
@@ -306,6 +313,7 @@ pub async fn serve_on(
         checks: Default::default(),
         budgets: Default::default(),
         agent_slots: Arc::new(tokio::sync::Semaphore::new(max_agent_requests)),
+        shed_backoff,
         reconciling: Default::default(),
         id_locks: Default::default(),
     });
@@ -327,6 +335,7 @@ pub async fn serve_on(
     until_stopped(Box::pin(write_coalesced_uses(ctx.clone())));
     until_stopped(Box::pin(record_node_events(ctx.clone())));
     until_stopped(Box::pin(share_verified(ctx.clone())));
+    until_stopped(Box::pin(share_observed(ctx.clone())));
     for _ in 0..ctx.hasher.workers() {
         until_stopped(Box::pin(mint_ahead(ctx.clone())));
     }

@@ -29,6 +29,10 @@ pub const STATUS: &str = "/internal/v1/status";
 pub const READ_INDEX: &str = "/internal/v1/read-index";
 /// Verified-credential cache entries shared by the leader.
 pub const VERIFIED: &str = "/internal/v1/verified";
+/// The leader's live view shared: each node's last refusal and latest telemetry sample.
+pub const OBSERVED: &str = "/internal/v1/observed";
+/// The most encoded bytes of node shares sent in one peer body.
+const OBSERVED_CHUNK: usize = 8 << 20;
 
 /// A snapshot from the leader, streamed to disk (`peer_snapshot`), never buffered here.
 pub const SNAPSHOT: &str = "/internal/v1/raft/snapshot";
@@ -217,17 +221,8 @@ pub(super) async fn peer_verified(
     axum::Extension(signed): axum::Extension<Signed>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    // Only the leader verifies credentials with argon2, so only it has entries to share: a
-    // follower (or a removed member) offering some is refused, and nothing is learned.
-    if ctx.consensus.leader().map(|(id, _)| id) != Some(signed.from) {
-        return Err(ApiError::new(
-            ErrorCode::PeerUnauthenticated,
-            format!(
-                "member {} is not the leader; only the leader shares verified credentials",
-                signed.from
-            ),
-        ));
-    }
+    // Only the leader verifies credentials with argon2, so only it has entries to share.
+    from_leader(&ctx, &signed, "verified credentials")?;
     let entries: Vec<(String, [u8; 32])> =
         codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
     let n = ctx.app.learn_verified(entries);
@@ -235,6 +230,97 @@ pub(super) async fn peer_verified(
         .shared_in
         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(axum::Json(api::Learned { learned: n }).into_response())
+}
+
+/// What only the leader shares (it alone verifies secrets and processes heartbeats): from
+/// a follower or a removed member it is refused, and nothing is learned.
+fn from_leader(ctx: &Shared, signed: &Signed, what: &str) -> Result<(), ApiError> {
+    if ctx.consensus.leader().map(|(id, _)| id) == Some(signed.from) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorCode::PeerUnauthenticated,
+        format!(
+            "member {} is not the leader; only the leader shares {what}",
+            signed.from
+        ),
+    ))
+}
+
+/// The leader's live view of some nodes (last refusal, latest sample), kept in memory so that
+/// this member's view does not start empty if it becomes leader.
+pub(super) async fn peer_observed(
+    State(ctx): State<Shared>,
+    axum::Extension(signed): axum::Extension<Signed>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    from_leader(&ctx, &signed, "its view of the nodes")?;
+    let shared: Vec<crate::supervisor::SharedNode> =
+        codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
+    let batch = shared.into_iter().map(|n| n.into_observed()).collect();
+    let sup = &ctx.live.sup;
+    let n = sup
+        .observed
+        .merge(&ctx.app.read(), batch, sup.telemetry_budget(), now_ms());
+    sup.observed
+        .learned
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(axum::Json(api::Learned { learned: n }).into_response())
+}
+
+/// Every second, the leader hands what changed in its view of the nodes (refusals, a sample
+/// per node at most every 30 s) to every other member, best effort, in bodies of at most
+/// `OBSERVED_CHUNK` bytes, and keeps it in its own store too (it may lead again later).
+pub(super) async fn share_observed(ctx: Shared) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if !ctx.consensus.is_leader() {
+            continue;
+        }
+        let sup = &ctx.live.sup;
+        let batch = sup.take_share(now_ms()).await;
+        if batch.is_empty() {
+            continue;
+        }
+        let mut bodies = vec![];
+        let mut chunk = vec![];
+        let mut bytes = 0;
+        for (id, o) in &batch {
+            let n = crate::supervisor::SharedNode::from_observed(id.clone(), o);
+            bytes += 64 + n.telemetry.as_ref().map_or(0, |(_, t)| t.len());
+            chunk.push(n);
+            if bytes >= OBSERVED_CHUNK {
+                bodies.extend(codec::encode(&std::mem::take(&mut chunk)).ok());
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            bodies.extend(codec::encode(&chunk).ok());
+        }
+        sup.observed
+            .merge(&ctx.app.read(), batch, sup.telemetry_budget(), now_ms());
+        for m in ctx.consensus.status().members {
+            if m.id == ctx.cfg.node_id {
+                continue;
+            }
+            let url = format!(
+                "{}{OBSERVED}",
+                ctx.peer_url(m.id, &m.url).trim_end_matches('/')
+            );
+            for body in &bodies {
+                let req = ctx
+                    .http
+                    .post(&url)
+                    .header(PEER_HEADER, ctx.signer.sign("POST", OBSERVED, body, 0))
+                    .timeout(Duration::from_secs(5))
+                    .body(body.clone());
+                if let Err(e) = req.send().await {
+                    tracing::debug!(peer = m.id, error = %e.without_url(), "sharing the view of the nodes failed");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Share newly verified cache entries with the other members, best effort, batched.

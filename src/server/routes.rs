@@ -125,6 +125,7 @@ pub fn router(ctx: Shared) -> Router {
         .route(STATUS, get(peer_status))
         .route(READ_INDEX, get(peer_read_index))
         .route(VERIFIED, post(peer_verified))
+        .route(OBSERVED, post(peer_observed))
         // Checked before the handler runs, so a refused caller's body is never read.
         .route_layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
@@ -237,6 +238,16 @@ pub(super) async fn cluster(
                 .max_agent_requests
                 .saturating_sub(ctx.agent_slots.available_permits()),
             shed: ctx.checks.shed.load(relaxed),
+            retry_after_s: ctx.shed_backoff.current(),
+        },
+        observed: {
+            let c = ctx.live.sup.observed.counts();
+            api::ObservedView {
+                nodes: c.nodes,
+                refusals: c.refusals,
+                telemetry_samples: c.telemetry_samples,
+                learned_from_leader: ctx.live.sup.observed.learned.load(relaxed),
+            }
         },
     })
     .into_response())

@@ -44,8 +44,9 @@ impl RawConn {
         })
     }
 
-    /// Send `req` (a whole HTTP/1.1 request) and read the answer; its status.
-    async fn call(&mut self, req: &[u8]) -> std::io::Result<u16> {
+    /// Send `req` (a whole HTTP/1.1 request) and read the answer; its status and its
+    /// `Retry-After` (seconds), if it has one.
+    async fn call(&mut self, req: &[u8]) -> std::io::Result<(u16, Option<u64>)> {
         self.tls.write_all(req).await?;
         self.tls.flush().await?;
         self.buf.clear();
@@ -66,14 +67,15 @@ impl RawConn {
             .get(9..12)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| bad("status"))?;
-        let len: usize = head
-            .lines()
-            .find_map(|l| {
+        let header = |name: &str| -> Option<u64> {
+            head.lines().find_map(|l| {
                 let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
+                k.eq_ignore_ascii_case(name)
                     .then(|| v.trim().parse().ok())?
             })
-            .ok_or_else(|| bad("no content-length"))?;
+        };
+        let len = header("content-length").ok_or_else(|| bad("no content-length"))? as usize;
+        let retry_after = header("retry-after");
         if head.to_ascii_lowercase().contains("connection: close") {
             return Err(bad("closed by the member"));
         }
@@ -84,7 +86,7 @@ impl RawConn {
             }
             self.buf.extend_from_slice(&chunk[..n]);
         }
-        Ok(status)
+        Ok((status, retry_after))
     }
 }
 
@@ -106,15 +108,25 @@ fn heartbeat_request(a: &SimAgent) -> Vec<u8> {
 /// (scheduled, written, answered, status) of one flood heartbeat.
 type Sent = (Instant, Instant, Instant, Option<u16>);
 
+/// A random part of `up_to`, as the agent draws its jitter.
+fn jitter(up_to: Duration) -> Duration {
+    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
+    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+}
+
 /// Every agent heartbeats over its own [`RawConn`] at `interval` (first sends spread over one
 /// interval) until `deadline`, open-loop: a late answer delays only that agent's next send,
 /// and its latency counts from the scheduled instant. A failed connection is opened again for
-/// the next heartbeat.
+/// the next heartbeat. With `honour_retry_after`, an agent that is shed behaves as
+/// `modelforge-agent` does: its next heartbeat waits for the answer's `Retry-After` plus a
+/// random part of as long again (or of an interval, if longer); without it, the flood keeps
+/// its schedule whatever the member says (a fleet of broken or hostile clients).
 async fn flood(
     addr: &str,
     agents: &[SimAgent],
     interval: Duration,
     deadline: Instant,
+    honour_retry_after: bool,
 ) -> Vec<Sent> {
     let pem = modelforge_devkit::harness_ca_pem().expect("the harness CA");
     let cfg = modelforge_client::tls::client_config(pem, None).expect("the harness CA loads");
@@ -134,15 +146,20 @@ async fn flood(
                     conn = RawConn::connect(&addr, &tls).await.ok();
                 }
                 let written = Instant::now();
-                let status = match conn.as_mut() {
+                let answer = match conn.as_mut() {
                     Some(c) => c.call(&req).await.ok(),
                     None => None,
                 };
-                if status.is_none() {
+                if answer.is_none() {
                     conn = None;
                 }
-                out.push((next, written, Instant::now(), status));
+                let done = Instant::now();
+                out.push((next, written, done, answer.map(|(s, _)| s)));
                 next += interval;
+                if let Some((_, Some(after))) = answer.filter(|_| honour_retry_after) {
+                    let after = Duration::from_secs(after);
+                    next = next.max(done + after + jitter(after.max(interval)));
+                }
             }
             out
         }));
@@ -229,71 +246,88 @@ pub async fn run(bench: &mut Bench) {
         "flood: capacity {capacity:.0}/s; offering {offered:.0}/s for {secs} s from {} agents",
         agents.len()
     );
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs(secs);
-    let probe = {
-        let (h, u) = (http.clone(), url.clone());
-        tokio::spawn(async move {
-            let (mut lat, mut failed) = (vec![], 0);
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                let ok = h
-                    .get(format!("{u}/api/v1/admin/node-enrollments"))
-                    .bearer_auth(ADMIN)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status() == 200);
-                if ok {
-                    lat.push(t.elapsed());
-                } else {
-                    failed += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Stats::new(lat, failed, secs as f64)
-        })
-    };
     let n = agents.len();
     let addr = url.trim_start_matches("https://").to_string();
-    let sent = flood(&addr, &agents, interval, deadline).await;
-    let wall = start.elapsed().as_secs_f64();
-    let probe = probe.await.expect("probe");
-    pin_self(None);
-
-    let (mut lat, mut lag, mut failed, mut shed) = (vec![], vec![], 0, 0);
-    for (sched, written, done, status) in &sent {
-        lag.push(*written - *sched);
-        match status {
-            Some(200) => lat.push(*done - *sched),
-            Some(503) | Some(429) => shed += 1,
-            _ => failed += 1,
+    for honour in [true, false] {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(secs);
+        let probe = tokio::spawn(admin_reads(http.clone(), url.clone(), deadline));
+        let sent = flood(&addr, &agents, interval, deadline, honour).await;
+        let wall = start.elapsed().as_secs_f64();
+        let probe = probe.await.expect("probe");
+        let (mut lat, mut lag, mut failed, mut shed) = (vec![], vec![], 0, 0);
+        for (sched, written, done, status) in &sent {
+            lag.push(*written - *sched);
+            match status {
+                Some(200) => lat.push(*done - *sched),
+                Some(503) | Some(429) => shed += 1,
+                _ => failed += 1,
+            }
         }
+        let lag = Stats::new(lag, 0, wall);
+        let sent = sent.len();
+        let s = Stats::new(lat, failed, wall);
+        let serving = probe.failed == 0 && s.failed == 0 && s.ok > 0;
+        let (name, key, target, met) = if honour {
+            (
+                "Flood at 2x measured heartbeat capacity, agents honouring Retry-After (1 member on 1 CPU, load on the other)",
+                "flood",
+                "admitted p99 < 50 ms, member serving",
+                Some(s.pct(0.99) < 50.0 && serving),
+            )
+        } else {
+            (
+                "Flood at 2x measured heartbeat capacity, clients ignoring Retry-After (same)",
+                "flood_ignoring_retry_after",
+                "member serving (no latency target: nothing bounds a queue the clients refill)",
+                Some(serving),
+            )
+        };
+        bench.r.row(
+            name,
+            format!(
+                "capacity {capacity:.0}/s; scheduled {offered:.0}/s, sent {:.0}/s (send lag p99 {:.1} ms): {:.0}/s admitted, p99 {:.1} ms, {shed} shed, {failed} failed; admin reads {}/{} 200, p99 {:.1} ms",
+                sent as f64 / wall,
+                lag.pct(0.99),
+                s.rate(),
+                s.pct(0.99),
+                probe.ok,
+                probe.ok + probe.failed,
+                probe.pct(0.99),
+            ),
+            format!("{n} agents, one connection each; latency from the scheduled send"),
+            target,
+            met,
+        );
+        bench.r.put(
+            key,
+            json!({"capacity_per_s": capacity, "capacity": cap.json(), "scheduled_per_s": offered,
+                   "sent_per_s": sent as f64 / wall, "agents": n, "send_lag": lag.json(),
+                   "admitted": s.json(), "shed": shed, "failed": failed, "admin_reads": probe.json()}),
+        );
     }
-    let lag = Stats::new(lag, 0, wall);
-    let sent = sent.len();
-    let s = Stats::new(lat, failed, wall);
-    let met = s.pct(0.99) < 50.0 && probe.failed == 0 && s.failed == 0 && s.ok > 0;
-    bench.r.row(
-        "Flood at 2x measured heartbeat capacity (1 member on 1 CPU, load on the other)",
-        format!(
-            "capacity {capacity:.0}/s; offered {:.0}/s (send lag p99 {:.1} ms): {:.0}/s admitted, p99 {:.1} ms, {shed} shed, {failed} failed; admin reads {}/{} 200, p99 {:.1} ms",
-            sent as f64 / wall,
-            lag.pct(0.99),
-            s.rate(),
-            s.pct(0.99),
-            probe.ok,
-            probe.ok + probe.failed,
-            probe.pct(0.99),
-        ),
-        format!("{n} agents, one connection each; latency from the scheduled send"),
-        "admitted p99 < 50 ms, member serving",
-        Some(met),
-    );
-    bench.r.put(
-        "flood",
-        json!({"capacity_per_s": capacity, "capacity": cap.json(), "offered_per_s": sent as f64 / wall,
-               "agents": n, "send_lag": lag.json(), "admitted": s.json(), "shed": shed, "failed": failed,
-               "admin_reads": probe.json()}),
-    );
+    pin_self(None);
     drop(c);
+}
+
+/// An admin read every 100 ms until `deadline`: is the member still serving its operators?
+async fn admin_reads(http: reqwest::Client, url: String, deadline: Instant) -> Stats {
+    let (mut lat, mut failed) = (vec![], 0);
+    let start = Instant::now();
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        let ok = http
+            .get(format!("{url}/api/v1/admin/node-enrollments"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ok {
+            lat.push(t.elapsed());
+        } else {
+            failed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Stats::new(lat, failed, start.elapsed().as_secs_f64())
 }

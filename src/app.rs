@@ -150,12 +150,19 @@ impl Application for Replicated {
         codec::encode(&result).unwrap_or_default()
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        // Facts covered by the snapshot will not be replayed from the log: on disk first.
-        if let Some(j) = self.journal.get() {
-            j.sync();
-        }
-        codec::encode(&*self.read()).unwrap_or_default()
+    fn snapshot(&self) -> modelforge_raft::SnapshotEncoder {
+        // A clone of the persistent collections: reference counts, not a copy. Apply goes on
+        // while the captured version is encoded.
+        let state = self.read().clone();
+        let journal = self.journal.get().cloned();
+        Box::new(move || {
+            // Facts covered by the snapshot will not be replayed from the log: on disk first
+            // (the sync covers at least every fact applied up to the capture).
+            if let Some(j) = journal {
+                j.sync();
+            }
+            codec::encode(&state).unwrap_or_default()
+        })
     }
 
     fn restore(&self, data: &[u8]) -> std::io::Result<()> {
@@ -215,7 +222,7 @@ mod tests {
         assert!(Replicated::decode_result(&app.apply(2, &command("r2", cancel))).is_ok());
         assert!(j.unsynced(), "the cancellation is written, not yet fsynced");
 
-        let snapshot = app.snapshot();
+        let snapshot = app.snapshot()();
         assert!(
             !j.unsynced(),
             "a snapshot was encoded while the journal held facts not fsynced"

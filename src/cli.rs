@@ -315,6 +315,10 @@ pub struct ServeArgs {
     /// How often status transitions and refused requests are written to node histories.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub events_interval: Duration,
+    /// Free space kept on the data dir's filesystem, in MiB: under it the member raises an
+    /// alarm and refuses new writes (503 `disk_full`) until space returns. 0 turns it off.
+    #[arg(long, default_value_t = 256)]
+    pub disk_reserve_mib: u64,
 }
 
 impl ServeArgs {
@@ -466,6 +470,7 @@ impl ServeArgs {
             node_shards: self.node_shards.clamp(1, 1024),
             telemetry_budget_bytes: self.telemetry_budget_mib.saturating_mul(1 << 20),
             events_interval: self.events_interval,
+            disk_reserve_bytes: self.disk_reserve_mib.saturating_mul(1 << 20),
         })
     }
 }

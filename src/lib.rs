@@ -8,6 +8,7 @@ pub mod admin_cli;
 pub mod app;
 pub mod backup;
 pub mod cli;
+pub mod disk;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzz;

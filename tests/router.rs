@@ -334,12 +334,13 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
         .expect("serve_on returned within 20 s of the switch")
         .unwrap()
         .unwrap();
-    // bootstrap, leadership watch, coalesced uses, node events, cache sharing, two minting
-    // workers, memory return, certificate reload: all of them ended.
+    // bootstrap, leadership watch, coalesced uses, node events, cache sharing, sharing of the
+    // node view, the disk watch, two minting workers, memory return, certificate reload: all
+    // of them ended.
     assert_eq!(
         stopped,
         Stopped {
-            background_tasks: 9
+            background_tasks: 11
         }
     );
     assert_eq!(

@@ -344,6 +344,7 @@ mod tests {
             credential_pool: Default::default(),
             admission: Default::default(),
             observed: Default::default(),
+            disk: Default::default(),
         })
     }
 

@@ -136,6 +136,7 @@ codes! {
     OverCapacity = ("over_capacity", 503, "this member is above capacity; retry after the time given"),
     TooManyWrites = ("too_many_writes", 429, "this node caused too many replicated writes; retry after the time given"),
     RequestTimeout = ("request_timeout", 503, "the request was not answered in time; retry"),
+    DiskFull = ("disk_full", 503, "this member's disk is under its free-space reserve; writes are refused until space returns"),
     // Operators (named admin tokens).
     Forbidden = ("forbidden", 403, "this token's role does not allow this action"),
     InvalidOperatorName = ("invalid_operator_name", 400, "a token name is 1 to 64 letters, digits, '-' or '_', and not 'root' or 'system'"),
@@ -237,6 +238,17 @@ pub struct SecretChecksView {
     pub refused_by_budget: u64,
 }
 
+/// The free space of this member's data dir, in `GET /api/v1/cluster`: under the reserve the
+/// alarm is raised and writes are refused (503 `disk_full`) until space returns.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DiskView {
+    pub free_bytes: u64,
+    /// `--disk-reserve-mib` in bytes.
+    pub reserve_bytes: u64,
+    pub alarm: bool,
+    pub alarm_since: Option<String>,
+}
+
 /// Admission control of agent requests on this member, in `GET /api/v1/cluster`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct AdmissionView {
@@ -281,6 +293,8 @@ pub struct ClusterView {
     pub admission: AdmissionView,
     #[serde(default)]
     pub observed: ObservedView,
+    #[serde(default)]
+    pub disk: DiskView,
 }
 
 /// What this member holds of the leader's live view of the nodes (memory only): it seeds the

@@ -61,6 +61,9 @@ openraft::declare_raft_types!(
 pub type Raft<A> = openraft::Raft<TypeConfig, StateMachine<A>>;
 pub use crate::state_machine::SnapshotData;
 
+/// Encodes a captured state (see [`Application::snapshot`]).
+pub type SnapshotEncoder = Box<dyn FnOnce() -> Vec<u8> + Send + 'static>;
+
 /// The replicated application: a deterministic function of (state, command).
 ///
 /// Architecture invariant: `apply` does no I/O and reads no clock; everything it decides on is
@@ -68,10 +71,12 @@ pub use crate::state_machine::SnapshotData;
 pub trait Application: Send + Sync + 'static {
     /// Apply one committed command and return the encoded response.
     fn apply(&self, log_index: u64, command: &[u8]) -> Vec<u8>;
-    /// Encode the whole state, for a snapshot. Called before that snapshot is written (and so
-    /// before any log entry it covers can be purged): an application makes the files it keeps
-    /// beside the state durable here.
-    fn snapshot(&self) -> Vec<u8>;
+    /// Capture the whole state for a snapshot and return its encoder. The capture is made
+    /// while apply waits, so it must be quick (a clone of a persistent state, not an encode);
+    /// the encoder then runs on a blocking thread while apply goes on. The encoder runs before
+    /// that snapshot is written (and so before any log entry it covers can be purged): an
+    /// application makes the files it keeps beside the state durable there.
+    fn snapshot(&self) -> SnapshotEncoder;
     /// Replace the whole state with a snapshot's.
     fn restore(&self, data: &[u8]) -> std::io::Result<()>;
 }
@@ -179,6 +184,7 @@ pub struct Consensus<A: Application> {
     dir: std::path::PathBuf,
     /// Closed on shutdown, so that the data dir can be opened again in the same process.
     log: LogStore,
+    pacing: Arc<state_machine::SnapshotPacing>,
 }
 
 impl<A: Application> Clone for Consensus<A> {
@@ -188,6 +194,7 @@ impl<A: Application> Clone for Consensus<A> {
             id: self.id,
             dir: self.dir.clone(),
             log: self.log.clone(),
+            pacing: self.pacing.clone(),
         }
     }
 }
@@ -238,13 +245,24 @@ impl<A: Application> Consensus<A> {
         let raft = openraft::Raft::new(id, config, network, log.clone(), sm)
             .await
             .map_err(|e| anyhow_like::Error(e.to_string()))?;
-        pace_snapshots(raft.clone(), pacing, tuning.snapshot_every_logs.max(1));
+        pace_snapshots(
+            raft.clone(),
+            pacing.clone(),
+            tuning.snapshot_every_logs.max(1),
+        );
         Ok(Self {
             raft,
             id,
             dir: dir.to_path_buf(),
             log,
+            pacing,
         })
+    }
+
+    /// Hold back (or let go) new snapshot builds: while the disk is under its reserve a
+    /// snapshot, as large as the state, could fill it (a build already running finishes).
+    pub fn hold_snapshots(&self, held: bool) {
+        self.pacing.hold(held);
     }
 
     pub fn id(&self) -> u64 {

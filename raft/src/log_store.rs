@@ -215,6 +215,9 @@ impl LogStore {
     }
 }
 
+/// The exit code of a member whose Raft log write or fsync failed (sysexits' `EX_IOERR`).
+pub const EXIT_LOG_WRITE_FAILED: i32 = 74;
+
 /// The writer thread: drain, write one transaction, fsync, then complete callbacks in order.
 fn writer(
     db: redb::Database,
@@ -249,7 +252,13 @@ fn writer(
             has_marker = result.is_ok();
         }
         if let Err(e) = &result {
-            tracing::error!(error = %e, "raft log write failed");
+            // Never retried, never trusted: after a failed write or fsync the data may not be
+            // on disk while the page cache says it is (a retried fsync can succeed over lost
+            // pages). Stop here, before any callback acknowledges anything of this batch; a
+            // restart reads what is durable, and the other members hold the rest.
+            tracing::error!(error = %e, exit_code = EXIT_LOG_WRITE_FAILED, "raft log write or fsync failed: stopping this member");
+            eprintln!("modelforge: raft log write or fsync failed ({e}): stopping this member");
+            std::process::exit(EXIT_LOG_WRITE_FAILED);
         }
         for (_, done) in batch {
             done.complete(&result);

@@ -192,6 +192,7 @@ impl<A: Application> Clone for StateMachine<A> {
 #[derive(Default)]
 pub struct SnapshotPacing {
     inner: std::sync::Mutex<Pacing>,
+    held: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -210,9 +211,15 @@ impl SnapshotPacing {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// No build running or requested, and the last one ended at least nine of its durations ago.
+    /// Not held, no build running or requested, and the last one ended at least nine of its
+    /// durations ago.
     pub fn may_start(&self) -> bool {
-        self.may_start_at(Instant::now())
+        !self.held.load(std::sync::atomic::Ordering::Relaxed) && self.may_start_at(Instant::now())
+    }
+
+    /// Hold back new builds (the disk is under its reserve), or let them go again.
+    pub fn hold(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn may_start_at(&self, now: Instant) -> bool {
@@ -349,19 +356,22 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<C, SnapshotData>, io::Error> {
         let build = self.pacing.started();
-        let (meta, data) = {
+        let (meta, encode, paused) = {
+            // Apply waits for this lock only while the state is captured (a clone of persistent
+            // collections); the encode runs after it is released, off the async workers.
             let applied = self.applied.lock().await;
-            // Apply waits for this lock; the encode itself must not hold an async worker.
-            let app = self.app.clone();
-            let data = tokio::task::spawn_blocking(move || app.snapshot())
-                .await
-                .map_err(io::Error::other)?;
+            let captured = std::time::Instant::now();
+            let encode = self.app.snapshot();
+            let paused = captured.elapsed();
             let meta = SnapshotMetaOf::<C> {
                 last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
             };
-            (meta, data)
+            (meta, encode, paused)
         };
+        let data = tokio::task::spawn_blocking(encode)
+            .await
+            .map_err(io::Error::other)?;
         let file = SnapshotFile {
             meta: meta.clone(),
             data,
@@ -374,6 +384,7 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
             last_log_id = ?meta.last_log_id,
             bytes = data.len(),
             took_ms = build.started.elapsed().as_millis() as u64,
+            apply_paused_us = paused.as_micros() as u64,
             "built snapshot"
         );
         Ok(SnapshotOf::<C, SnapshotData> {
@@ -537,11 +548,12 @@ mod snapshot_order_tests {
         fn apply(&self, _: u64, _: &[u8]) -> Vec<u8> {
             vec![]
         }
-        fn snapshot(&self) -> Vec<u8> {
+        fn snapshot(&self) -> crate::SnapshotEncoder {
             let on_disk = read_snapshot_file(&self.dir).unwrap().map(|f| f.data);
             let mut seen = self.on_disk_when_asked.lock().unwrap();
             seen.push(on_disk);
-            format!("state-{}", seen.len()).into_bytes()
+            let state = format!("state-{}", seen.len()).into_bytes();
+            Box::new(move || state)
         }
         fn restore(&self, _: &[u8]) -> io::Result<()> {
             Ok(())

@@ -56,8 +56,9 @@ impl Application for Journal {
         self.0.lock().unwrap().push((index, command.to_vec()));
         index.to_le_bytes().to_vec()
     }
-    fn snapshot(&self) -> Vec<u8> {
-        modelforge_raft::codec::encode(&*self.0.lock().unwrap()).unwrap()
+    fn snapshot(&self) -> modelforge_raft::SnapshotEncoder {
+        let state = modelforge_raft::codec::encode(&*self.0.lock().unwrap()).unwrap();
+        Box::new(move || state)
     }
     fn restore(&self, data: &[u8]) -> std::io::Result<()> {
         *self.0.lock().unwrap() = modelforge_raft::codec::decode(data)?;

@@ -58,10 +58,16 @@ pub struct ClusterFacts {
     pub unreachable: Vec<u64>,
     pub lagging: Vec<(u64, u64)>,
     pub learners: Vec<u64>,
+    /// Members whose data dir is under its free-space reserve (they refuse writes).
+    pub disk_alarms: Vec<(u64, api::DiskView)>,
 }
 
-/// Decide from the leader's view (`members` carry `reachable` and `matched_index` there).
-pub fn diagnose(view: &api::ClusterView) -> (ClusterVerdict, ClusterFacts) {
+/// Decide from the leader's view (`members` carry `reachable` and `matched_index` there) and
+/// each reachable member's own disk (`disks`).
+pub fn diagnose(
+    view: &api::ClusterView,
+    disks: &[(u64, api::DiskView)],
+) -> (ClusterVerdict, ClusterFacts) {
     let voters: Vec<&api::ClusterMember> = view.members.iter().filter(|m| m.voter).collect();
     let quorum = voters.len() / 2 + 1;
     let reachable = |m: &api::ClusterMember| m.reachable != Some(false);
@@ -96,12 +102,16 @@ pub fn diagnose(view: &api::ClusterView) -> (ClusterVerdict, ClusterFacts) {
         unreachable,
         lagging,
         learners,
+        disk_alarms: disks.iter().filter(|(_, d)| d.alarm).cloned().collect(),
     };
     let verdict = if view.leader_id.is_none() {
         ClusterVerdict::NoLeader
     } else if facts.margin < 1 {
         ClusterVerdict::QuorumAtRisk
-    } else if !facts.unreachable.is_empty() || !facts.lagging.is_empty() {
+    } else if !facts.unreachable.is_empty()
+        || !facts.lagging.is_empty()
+        || !facts.disk_alarms.is_empty()
+    {
         ClusterVerdict::Degraded
     } else {
         ClusterVerdict::Healthy
@@ -135,6 +145,14 @@ fn report_text(f: &ClusterFacts, v: ClusterVerdict, next_id: u64) -> String {
              modelforge admin members remove {id}\n"
         ));
     }
+    for (id, d) in &f.disk_alarms {
+        out.push_str(&format!(
+            "member {id}'s disk is under its reserve ({} MiB free of {} MiB kept) since {}: it refuses writes; free space on its data dir's filesystem and it recovers by itself\n",
+            d.free_bytes >> 20,
+            d.reserve_bytes >> 20,
+            d.alarm_since.as_deref().unwrap_or("?")
+        ));
+    }
     if v == ClusterVerdict::NoLeader {
         out.push_str("no leader: check that a majority of voters runs and can reach each other\n");
     }
@@ -148,6 +166,10 @@ fn report_json(f: &ClusterFacts, v: ClusterVerdict) -> Value {
         "margin": f.margin, "unreachable": f.unreachable,
         "lagging": f.lagging.iter().map(|(id, b)| json!({"id": id, "behind": b})).collect::<Vec<_>>(),
         "learners": f.learners,
+        "disk_alarms": f.disk_alarms.iter().map(|(id, d)| json!({
+            "id": id, "free_bytes": d.free_bytes, "reserve_bytes": d.reserve_bytes,
+            "since": d.alarm_since,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -163,7 +185,16 @@ pub(super) async fn cluster_doctor(args: &AdminArgs, c: &mut Client) -> Result<i
     {
         view = v;
     }
-    let (verdict, facts) = diagnose(&view);
+    // Each member's disk is its own to report: ask every member that answers.
+    let mut disks = vec![(view.id, view.disk.clone())];
+    for m in view.members.iter().filter(|m| m.id != view.id) {
+        if let Ok(mut at) = c.at(&m.url)
+            && let Ok((v, _)) = at.get_typed::<api::ClusterView>("/api/v1/cluster").await
+        {
+            disks.push((m.id, v.disk));
+        }
+    }
+    let (verdict, facts) = diagnose(&view, &disks);
     let next_id = view.members.iter().map(|m| m.id).max().unwrap_or(0) + 1;
     let v = report_json(&facts, verdict);
     emit_or_quiet(args, &v, vec![verdict.name().to_string()], || {
@@ -209,49 +240,69 @@ mod tests {
             credential_pool: Default::default(),
             admission: Default::default(),
             observed: Default::default(),
+            disk: Default::default(),
         }
     }
 
     #[test]
     fn each_cluster_verdict_from_the_leaders_view() {
         let ok = |id| member(id, true, Some(true), Some(5000));
-        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), ok(3)]));
+        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), ok(3)]), &[]);
         assert_eq!((v, f.margin, f.quorum), (ClusterVerdict::Healthy, 1, 2));
         // Five voters, one down: degraded, one more may fail.
         let down = member(5, true, Some(false), Some(10));
-        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), ok(3), ok(4), down]));
+        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), ok(3), ok(4), down]), &[]);
         assert_eq!(
             (v, f.margin, f.unreachable.clone()),
             (ClusterVerdict::Degraded, 1, vec![5])
         );
         // Three voters, one down: the next failure loses quorum.
         let down = member(3, true, Some(false), None);
-        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), down]));
+        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), down]), &[]);
         assert_eq!((v, f.margin), (ClusterVerdict::QuorumAtRisk, 0));
         // A lagging learner degrades; a single voter has no margin by design.
         let lagging = member(4, false, Some(true), Some(1000));
-        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), ok(3), lagging]));
+        let (v, f) = diagnose(&view(Some(1), vec![ok(1), ok(2), ok(3), lagging]), &[]);
         assert_eq!(
             (v, f.lagging.clone(), f.learners.clone()),
             (ClusterVerdict::Degraded, vec![(4, 4000)], vec![4])
         );
         assert_eq!(
-            diagnose(&view(Some(1), vec![ok(1)])).0,
+            diagnose(&view(Some(1), vec![ok(1)]), &[]).0,
             ClusterVerdict::QuorumAtRisk
         );
         assert_eq!(
-            diagnose(&view(None, vec![ok(1), ok(2), ok(3)])).0,
+            diagnose(&view(None, vec![ok(1), ok(2), ok(3)]), &[]).0,
             ClusterVerdict::NoLeader
         );
         // The text names the replacement commands for an unreachable member.
-        let (v, f) = diagnose(&view(
-            Some(1),
-            vec![ok(1), ok(2), member(3, true, Some(false), None)],
-        ));
+        let (v, f) = diagnose(
+            &view(
+                Some(1),
+                vec![ok(1), ok(2), member(3, true, Some(false), None)],
+            ),
+            &[],
+        );
         let text = report_text(&f, v, 4);
         assert!(
             text.contains("members add 4") && text.contains("members remove 3"),
             "{text}"
         );
+        // A member whose disk is under its reserve refuses writes: degraded, and named.
+        let low = api::DiskView {
+            free_bytes: 10 << 20,
+            reserve_bytes: 256 << 20,
+            alarm: true,
+            alarm_since: Some("2026-12-05T05:00:00.000Z".into()),
+        };
+        let all = vec![ok(1), ok(2), ok(3)];
+        let disks = [(1, api::DiskView::default()), (2, low)];
+        let (v, f) = diagnose(&view(Some(1), all), &disks);
+        assert_eq!(v, ClusterVerdict::Degraded);
+        assert_eq!(
+            f.disk_alarms.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert!(report_text(&f, v, 4).contains("member 2's disk is under its reserve"));
     }
 }

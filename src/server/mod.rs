@@ -95,6 +95,8 @@ pub struct ServeConfig {
     pub telemetry_budget_bytes: usize,
     /// How often status transitions and refused requests are written to node histories.
     pub events_interval: Duration,
+    /// Free bytes kept on the data dir's filesystem (see `disk`).
+    pub disk_reserve_bytes: u64,
 }
 
 /// Shared by every handler of one member.
@@ -131,6 +133,8 @@ pub struct Ctx {
     pub reconciling: std::sync::Mutex<std::collections::HashSet<modelforge_proto::ids::NodeId>>,
     /// One argon2 check at a time per credential id (see `budget::IdLocks`).
     pub id_locks: budget::IdLocks,
+    /// The data dir's free space; writes are refused under the reserve.
+    pub disk: crate::disk::DiskWatch,
 }
 
 /// Counters of the secret checks (node credentials and operator tokens), shown in
@@ -296,6 +300,7 @@ pub async fn serve_on(
     // plus one interval, so shedding alone never makes a node stale.
     let shed_backoff =
         edge::ShedBackoff::new((cfg.thresholds.stale_after_ms / 4_000).max(1) as u64);
+    let disk = crate::disk::DiskWatch::new(&cfg.data_dir, cfg.disk_reserve_bytes, now_ms());
     let ctx = Arc::new(Ctx {
         cfg,
         consensus: consensus.clone(),
@@ -316,6 +321,7 @@ pub async fn serve_on(
         shed_backoff,
         reconciling: Default::default(),
         id_locks: Default::default(),
+        disk,
     });
     // Every background loop runs until the switch, in one set, so that shutdown is observable:
     // `serve_on` returns only once each of them has ended.
@@ -336,6 +342,7 @@ pub async fn serve_on(
     until_stopped(Box::pin(record_node_events(ctx.clone())));
     until_stopped(Box::pin(share_verified(ctx.clone())));
     until_stopped(Box::pin(share_observed(ctx.clone())));
+    until_stopped(Box::pin(tasks::watch_disk(ctx.clone())));
     for _ in 0..ctx.hasher.workers() {
         until_stopped(Box::pin(mint_ahead(ctx.clone())));
     }

@@ -200,6 +200,15 @@ pub(super) async fn peer_propose(
 ) -> Result<Response, ApiError> {
     let mut env: Envelope =
         codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
+    if ctx.disk.low() {
+        // A definite answer, not a failed relay: nothing was proposed, and the member that
+        // relayed it answers its client 503 `disk_full` instead of retrying to its deadline.
+        let e = ctx.disk.refusal();
+        let refused: crate::state::ApplyResult =
+            Err(crate::state::Refusal::with(e.code, e.message));
+        let answer = codec::encode(&refused).map_err(|e| ApiError::internal(e.to_string()))?;
+        return Ok(([("content-type", "application/octet-stream")], answer).into_response());
+    }
     // Re-stamped by the member that will propose it: expiry is decided by leader time.
     env.now_ms = env.now_ms.max(now_ms());
     let bytes = codec::encode(&env).map_err(|e| ApiError::internal(e.to_string()))?;

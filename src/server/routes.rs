@@ -240,6 +240,7 @@ pub(super) async fn cluster(
             shed: ctx.checks.shed.load(relaxed),
             retry_after_s: ctx.shed_backoff.current(),
         },
+        disk: ctx.disk.view(),
         observed: {
             let c = ctx.live.sup.observed.counts();
             api::ObservedView {

@@ -144,11 +144,40 @@ pub(super) async fn mint_ahead(ctx: Shared) {
     }
 }
 
+/// Measure the data dir's free space every half second; log when the alarm rises and clears.
+pub(super) async fn watch_disk(ctx: Shared) {
+    ctx.consensus.hold_snapshots(ctx.disk.low());
+    loop {
+        tokio::time::sleep(crate::disk::CHECK_EVERY).await;
+        let change = ctx.disk.check(now_ms());
+        if let Some(low) = change {
+            ctx.consensus.hold_snapshots(low);
+        }
+        match change {
+            Some(true) => tracing::error!(
+                free_mib = ctx.disk.view().free_bytes >> 20,
+                reserve_mib = ctx.cfg.disk_reserve_bytes >> 20,
+                data_dir = %ctx.cfg.data_dir.display(),
+                "disk space under the reserve: writes are refused until space returns"
+            ),
+            Some(false) => tracing::info!(
+                free_mib = ctx.disk.view().free_bytes >> 20,
+                "disk space is back over the reserve: writes are accepted again"
+            ),
+            None => {}
+        }
+    }
+}
+
 /// Write `last_used_at` updates coalesced: at most one write per interval, only for
 /// credentials whose replicated value is older than [`TOUCH_MIN_ADVANCE_MS`].
 pub(super) async fn write_coalesced_uses(ctx: Shared) {
     loop {
         tokio::time::sleep(ctx.cfg.touch_interval).await;
+        if ctx.disk.low() {
+            // Kept for when space returns: no write is tried (it would be refused).
+            continue;
+        }
         let uses = ctx.live.take_uses();
         if uses.is_empty() || !ctx.consensus.is_leader() {
             continue;
@@ -188,7 +217,7 @@ pub(super) async fn write_coalesced_uses(ctx: Shared) {
 pub(super) async fn record_node_events(ctx: Shared) {
     loop {
         tokio::time::sleep(ctx.cfg.events_interval).await;
-        if !ctx.consensus.is_leader() {
+        if !ctx.consensus.is_leader() || ctx.disk.low() {
             continue;
         }
         let now = now_ms();

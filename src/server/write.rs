@@ -37,6 +37,9 @@ impl Ctx {
         command: Command,
     ) -> Result<Outcome, ApiError> {
         super::edge::leave_admission();
+        if self.disk.low() {
+            return Err(self.disk.refusal());
+        }
         let env = Envelope {
             request_id,
             now_ms: now_ms(),

@@ -40,7 +40,7 @@ impl State {
             reason: reason.map(str::to_string),
         };
         ev.hash = audit_hash(&ev);
-        self.audit.push(ev);
+        self.audit.push_back(ev);
     }
 }
 
@@ -71,9 +71,9 @@ pub fn audit_hash(ev: &AuditEvent) -> String {
 }
 
 /// Check the audit chain; returns the first broken sequence number.
-pub fn verify_audit_chain(events: &[AuditEvent]) -> Result<(), u64> {
+pub fn verify_audit_chain<'a>(events: impl IntoIterator<Item = &'a AuditEvent>) -> Result<(), u64> {
     let mut prev = "0".repeat(64);
-    for (i, ev) in events.iter().enumerate() {
+    for (i, ev) in events.into_iter().enumerate() {
         if ev.seq != i as u64 + 1 || ev.prev_hash != prev || audit_hash(ev) != ev.hash {
             return Err(ev.seq);
         }

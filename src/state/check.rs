@@ -18,10 +18,8 @@ impl State {
         self.check_model()?;
         let n = self.audit.len();
         if n > 0 {
-            let from = n.saturating_sub(2);
-            let tail = &self.audit[from..];
-            let linked = from == 0 || tail.windows(2).all(|w| w[1].prev_hash == w[0].hash);
             let last = &self.audit[n - 1];
+            let linked = n == 1 || last.prev_hash == self.audit[n - 2].hash;
             if !linked || last.seq != n as u64 || super::audit_hash(last) != last.hash {
                 return Err(format!("audit chain broken at event {n}"));
             }
@@ -52,7 +50,7 @@ impl State {
         self.check_tokens()?;
         self.check_operators()?;
         let index = self.hostname_index_recomputed();
-        if index != self.enabled_by_hostname {
+        if index.iter().ne(self.enabled_by_hostname.iter()) {
             return Err(format!(
                 "hostname index {:?} differs from the nodes' {index:?}",
                 self.enabled_by_hostname

@@ -4,8 +4,6 @@
 //! Invariant (checked by `State::check`): `dedup` and `dedup_order` hold the same ids, and the
 //! order is by apply time.
 
-use std::collections::BTreeMap;
-
 use modelforge_proto::api::ErrorCode as RefusalCode;
 
 use super::ApplyResult;
@@ -42,7 +40,7 @@ impl State {
 /// Whether `request_id` (`idem-<key part>.<request part>`, see `server::extract::request_id`)
 /// shares its key part with another request id in `table`: the same Idempotency-Key used for
 /// the same operation and target with a different body.
-pub fn idempotency_key_reused<V>(table: &BTreeMap<String, V>, request_id: &str) -> bool {
+pub fn idempotency_key_reused<V: Clone>(table: &imbl::OrdMap<String, V>, request_id: &str) -> bool {
     let Some(dot) = request_id.find('.') else {
         return false;
     };
@@ -51,8 +49,8 @@ pub fn idempotency_key_reused<V>(table: &BTreeMap<String, V>, request_id: &str) 
     }
     let prefix = &request_id[..=dot];
     table
-        .range::<str, _>((
-            std::ops::Bound::Included(prefix),
+        .range::<_, String>((
+            std::ops::Bound::Included(prefix.to_string()),
             std::ops::Bound::Unbounded,
         ))
         .take_while(|(k, _)| k.starts_with(prefix))

@@ -30,7 +30,9 @@
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::collections::VecDeque;
+
+use imbl::OrdMap;
+use imbl::Vector;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -45,6 +47,7 @@ mod enrol;
 mod hostnames;
 mod model;
 pub mod operators;
+pub mod persist;
 mod reapply;
 pub mod sched;
 
@@ -89,20 +92,29 @@ pub const PREVIEW_TTL_MS: i64 = 15 * 60 * 1000;
 pub const PREVIEWS_MAX: usize = 1000;
 
 /// The whole replicated state.
+/// The whole replicated state. Its large collections are persistent (`imbl`): a clone costs a
+/// few reference counts, so a snapshot encodes a captured version while apply goes on.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct State {
     /// The latest leader-stamped time applied; never goes back.
     pub clock_ms: i64,
     pub last_applied_index: u64,
-    pub tokens: BTreeMap<TokenId, Token>,
-    pub nodes: BTreeMap<NodeId, Node>,
+    #[serde(deserialize_with = "persist::map")]
+    pub tokens: OrdMap<TokenId, Token>,
+    #[serde(deserialize_with = "persist::map")]
+    pub nodes: OrdMap<NodeId, Node>,
     /// Identity public key -> node id.
-    pub identities: BTreeMap<String, NodeId>,
-    pub credentials: BTreeMap<CredentialId, Credential>,
-    pub audit: Vec<AuditEvent>,
+    #[serde(deserialize_with = "persist::map")]
+    pub identities: OrdMap<String, NodeId>,
+    #[serde(deserialize_with = "persist::map")]
+    pub credentials: OrdMap<CredentialId, Credential>,
+    #[serde(deserialize_with = "persist::vector")]
+    pub audit: Vector<AuditEvent>,
     /// request id -> (applied at, answer).
-    pub dedup: BTreeMap<String, (i64, ApplyResult)>,
-    pub dedup_order: VecDeque<(i64, String)>,
+    #[serde(deserialize_with = "persist::map")]
+    pub dedup: OrdMap<String, (i64, ApplyResult)>,
+    #[serde(deserialize_with = "persist::vector")]
+    pub dedup_order: Vector<(i64, String)>,
     /// Allocations, smokes, and what the scheduler must re-measure.
     pub sched: sched::Scheduling,
     /// Decommission previews by id (pruned by expiry in apply).
@@ -110,7 +122,8 @@ pub struct State {
     /// Hostname -> the enabled nodes claiming it: "which enabled nodes claim H" without a scan
     /// of every node (an enrolment asks it, and so does every node view). Maintained wherever
     /// a node is created, renamed or disabled (`index_hostname`, `unindex_hostname`).
-    pub enabled_by_hostname: BTreeMap<String, BTreeSet<NodeId>>,
+    #[serde(deserialize_with = "persist::map")]
+    pub enabled_by_hostname: OrdMap<String, BTreeSet<NodeId>>,
     /// Named operators' tokens by name (`root` is configuration, not here).
     pub operators: BTreeMap<String, operators::OperatorToken>,
     /// Raft member ids removed from the cluster: never added again, refused as peers.

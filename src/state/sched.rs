@@ -11,7 +11,8 @@
 //! busy, released when a GPU vanished or nothing runs on them, and GPUs busy without an
 //! allocation are marked in use outside the scheduler.
 
-use std::collections::BTreeMap;
+use imbl::OrdMap;
+use imbl::OrdSet;
 use std::collections::BTreeSet;
 
 use serde::Deserialize;
@@ -58,15 +59,20 @@ pub struct Smoke {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Scheduling {
-    pub allocations: BTreeMap<AllocationId, Allocation>,
+    #[serde(deserialize_with = "super::persist::map")]
+    pub allocations: OrdMap<AllocationId, Allocation>,
     /// Request id made from an Idempotency-Key -> allocation id (a retry returns the first
     /// result; the same key with another body is refused).
-    pub by_key: BTreeMap<String, AllocationId>,
+    #[serde(deserialize_with = "super::persist::map")]
+    pub by_key: OrdMap<String, AllocationId>,
     /// node -> GPUs seen busy in its latest report without an allocation.
-    pub external_busy: BTreeMap<NodeId, BTreeSet<String>>,
+    #[serde(deserialize_with = "super::persist::map")]
+    pub external_busy: OrdMap<NodeId, BTreeSet<String>>,
     /// Nodes that must pass a smoke before they are offered (re-enrolled, or restored).
-    pub smoke_required: BTreeSet<NodeId>,
-    pub smokes: BTreeMap<SmokeId, Smoke>,
+    #[serde(deserialize_with = "super::persist::set")]
+    pub smoke_required: OrdSet<NodeId>,
+    #[serde(deserialize_with = "super::persist::map")]
+    pub smokes: OrdMap<SmokeId, Smoke>,
 }
 
 impl Scheduling {
@@ -111,9 +117,18 @@ impl Scheduling {
 
     /// Mark everything restored from a backup as untrusted until measured again.
     pub fn distrust_after_restore(&mut self, enabled_nodes: impl Iterator<Item = NodeId>) {
-        for a in self.allocations.values_mut() {
-            a.confirmed = false;
-        }
+        self.allocations = std::mem::take(&mut self.allocations)
+            .into_iter()
+            .map(|(id, a)| {
+                (
+                    id,
+                    Allocation {
+                        confirmed: false,
+                        ..a
+                    },
+                )
+            })
+            .collect();
         self.external_busy.clear();
         self.smoke_required.extend(enabled_nodes);
     }

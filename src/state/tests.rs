@@ -1082,6 +1082,6 @@ fn operators_are_named_once_keep_only_a_hash_and_reasons_reach_the_audit_trail()
     s.check().unwrap();
     // The reason is part of the chain: editing it breaks verification.
     let mut edited = s.audit.clone();
-    edited.last_mut().unwrap().reason = Some("routine".into());
+    edited.back_mut().unwrap().reason = Some("routine".into());
     assert!(verify_audit_chain(&edited).is_err());
 }

@@ -366,19 +366,30 @@ impl Cluster {
     }
 
     pub async fn start_with(n: usize, extra: &[&str]) -> Self {
+        let mut c = Self::unstarted(n, extra);
+        c.start_all().await;
+        c
+    }
+
+    /// `n` members' ports and directories, none started yet (a test may prepare their data
+    /// dirs first, e.g. mount a small filesystem there).
+    pub fn unstarted(n: usize, extra: &[&str]) -> Self {
         harness_ca();
-        let mut c = Cluster {
+        Cluster {
             ids: (1..=n as u64).collect(),
             ports: (0..n).map(|_| free_port()).collect(),
             procs: (0..n).map(|_| None).collect(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             scratch: Scratch::new(),
-        };
-        for id in c.ids.clone() {
-            c.start_member(id);
         }
-        c.wait_ready().await;
-        c
+    }
+
+    /// Start every member and wait for a leader and readiness.
+    pub async fn start_all(&mut self) {
+        for id in self.ids.clone() {
+            self.start_member(id);
+        }
+        self.wait_ready().await;
     }
 
     pub fn root(&self) -> &Path {

@@ -39,27 +39,7 @@ async fn one(nodes: usize, shards: usize) {
     let base = rss_kib();
     let app = Arc::new(Replicated::default());
     let mut idx = 0u64;
-    let inv = modelforge_proto::wire::Inventory {
-        accelerators: (0..8)
-            .map(|i| modelforge_proto::wire::Accelerator {
-                uuid: format!("GPU-{i:08x}-0000-4000-8000-000000000000"),
-                name: "NVIDIA H200".into(),
-                memory_total_mib: Some(143_771),
-                pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
-                index: Some(i),
-                mig_mode: Some("disabled".into()),
-                power_limit_w: Some(700),
-            })
-            .collect(),
-        storage_roots: vec![modelforge_proto::wire::StorageRoot {
-            path: "/data".into(),
-            capacity_bytes: 1 << 40,
-            free_bytes: 1 << 39,
-        }],
-        driver_version: Some("550.54.15".into()),
-        cuda_version: Some("12.4".into()),
-        nvml: Some("ok".into()),
-    };
+    let inv = modelforge_devkit::h200_inventory(8);
     let t = Instant::now();
     for i in 0..nodes {
         for cmd in [

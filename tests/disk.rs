@@ -83,7 +83,20 @@ struct Traffic {
     answers: Arc<Mutex<Vec<(u16, String)>>>,
 }
 
-fn create_tokens(url: String, stop: Arc<AtomicBool>) -> Traffic {
+/// Start creating tokens against `url` and wait until a few were acknowledged; the switch
+/// that stops it.
+async fn create_tokens(url: String) -> (Arc<AtomicBool>, Traffic) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = spawn_token_creation(url, stop.clone());
+    let acked = traffic.acked.clone();
+    wait_until("some tokens created", WAIT, || async {
+        (acked.lock().unwrap().len() >= 5).then_some(())
+    })
+    .await;
+    (stop, traffic)
+}
+
+fn spawn_token_creation(url: String, stop: Arc<AtomicBool>) -> Traffic {
     let acked = Arc::new(Mutex::new(vec![]));
     let answers = Arc::new(Mutex::new(vec![]));
     let (a, b) = (acked.clone(), answers.clone());
@@ -145,16 +158,12 @@ async fn a_disk_under_its_reserve_refuses_writes_raises_an_alarm_and_recovers_by
     let (_agent, nid, cred) = c.enrol_one("d").await;
     c.wait_first_use(&nid).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
+    let (stop, traffic) = create_tokens(url.clone()).await;
     let Traffic {
         task: traffic,
         acked,
         answers,
-    } = create_tokens(url.clone(), stop.clone());
-    wait_until("some tokens created", WAIT, || async {
-        (acked.lock().unwrap().len() >= 5).then_some(())
-    })
-    .await;
+    } = traffic;
     // Leave 8 MiB free: under the reserve of 16.
     let filler = dir.join("filler");
     fill(&dir, &filler, 8 << 20);
@@ -237,16 +246,12 @@ async fn a_failed_raft_log_write_stops_the_member_and_loses_no_acknowledged_writ
     let _disk = Tmpfs::mount(&dir, 48);
     c.start_all().await;
     let url = c.url(1);
-    let stop = Arc::new(AtomicBool::new(false));
+    let (stop, traffic) = create_tokens(url.clone()).await;
     let Traffic {
         task: traffic,
         acked,
         ..
-    } = create_tokens(url.clone(), stop.clone());
-    wait_until("some tokens created", WAIT, || async {
-        (acked.lock().unwrap().len() >= 5).then_some(())
-    })
-    .await;
+    } = traffic;
     let filler = dir.join("filler");
     fill(&dir, &filler, 0);
     // The next write that needs a page it cannot get fails, and the member stops: never a

@@ -423,20 +423,3 @@ async fn a_refusal_and_telemetry_survive_the_leaders_death() {
         "credential_for_other_node"
     );
 }
-
-/// A node's view, asked of the first of `urls` that answers 200.
-async fn node_view(urls: &[String], node_id: &str) -> Option<api::NodeDetail> {
-    for u in urls {
-        let (s, v) = call(
-            "GET",
-            &format!("{u}/api/v1/admin/hardware/nodes/{node_id}"),
-            Some(ADMIN),
-            None,
-        )
-        .await;
-        if s == 200 {
-            return Some(typed("a node", &v));
-        }
-    }
-    None
-}

@@ -24,19 +24,7 @@ const FAST: &[&str] = &[
 const FAILOVER_STALE_AFTER_S: u64 = 12;
 
 async fn status(c: &Cluster, nid: &str) -> Option<api::NodeDetail> {
-    for u in c.urls() {
-        let (s, v) = call(
-            "GET",
-            &format!("{u}/api/v1/admin/hardware/nodes/{nid}"),
-            Some(ADMIN),
-            None,
-        )
-        .await;
-        if s == 200 {
-            return Some(typed("a node", &v));
-        }
-    }
-    None
+    node_view(&c.urls(), nid).await
 }
 
 async fn wait_status(c: &Cluster, nid: &str, want: &str) -> api::NodeDetail {

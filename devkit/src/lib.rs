@@ -323,6 +323,33 @@ pub fn newest_leader(views: &[Option<ClusterView>]) -> Option<u64> {
         .map(|(_, l)| l)
 }
 
+/// The inventory of a node with `gpus` H200s, as a real agent reports it: the fleet of the
+/// scale examples and benchmarks.
+pub fn h200_inventory(gpus: u32) -> modelforge_proto::wire::Inventory {
+    use modelforge_proto::wire;
+    wire::Inventory {
+        accelerators: (0..gpus)
+            .map(|i| wire::Accelerator {
+                uuid: format!("GPU-{i:08x}-0000-4000-8000-000000000000"),
+                name: "NVIDIA H200".into(),
+                memory_total_mib: Some(143_771),
+                pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
+                index: Some(i),
+                mig_mode: Some("disabled".into()),
+                power_limit_w: Some(700),
+            })
+            .collect(),
+        storage_roots: vec![wire::StorageRoot {
+            path: "/data".into(),
+            capacity_bytes: 1 << 40,
+            free_bytes: 1 << 39,
+        }],
+        driver_version: Some("550.54.15".into()),
+        cuda_version: Some("12.4".into()),
+        nvml: Some("ok".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

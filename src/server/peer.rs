@@ -308,25 +308,28 @@ pub(super) async fn share_observed(ctx: Shared) {
         }
         sup.observed
             .merge(&ctx.app.read(), batch, sup.telemetry_budget(), now_ms());
-        for m in ctx.consensus.status().members {
-            if m.id == ctx.cfg.node_id {
-                continue;
-            }
-            let url = format!(
-                "{}{OBSERVED}",
-                ctx.peer_url(m.id, &m.url).trim_end_matches('/')
-            );
-            for body in &bodies {
-                let req = ctx
-                    .http
-                    .post(&url)
-                    .header(PEER_HEADER, ctx.signer.sign("POST", OBSERVED, body, 0))
-                    .timeout(Duration::from_secs(5))
-                    .body(body.clone());
-                if let Err(e) = req.send().await {
-                    tracing::debug!(peer = m.id, error = %e.without_url(), "sharing the view of the nodes failed");
-                    break;
-                }
+        post_to_others(&ctx, OBSERVED, &bodies, Duration::from_secs(5)).await;
+    }
+}
+
+/// POST `bodies` in order to every other member at `path`, best effort: a member that fails
+/// one is skipped for the rest of this round.
+async fn post_to_others(ctx: &Shared, path: &str, bodies: &[Vec<u8>], timeout: Duration) {
+    for m in ctx.consensus.status().members {
+        if m.id == ctx.cfg.node_id {
+            continue;
+        }
+        let url = format!("{}{path}", ctx.peer_url(m.id, &m.url).trim_end_matches('/'));
+        for body in bodies {
+            let req = ctx
+                .http
+                .post(&url)
+                .header(PEER_HEADER, ctx.signer.sign("POST", path, body, 0))
+                .timeout(timeout)
+                .body(body.clone());
+            if let Err(e) = req.send().await {
+                tracing::debug!(peer = m.id, path, error = %e.without_url(), "sharing with a member failed");
+                break;
             }
         }
     }
@@ -349,23 +352,6 @@ pub(super) async fn share_verified(ctx: Shared) {
         let Ok(body) = codec::encode(&batch) else {
             continue;
         };
-        for m in ctx.consensus.status().members {
-            if m.id == ctx.cfg.node_id {
-                continue;
-            }
-            let url = format!(
-                "{}{VERIFIED}",
-                ctx.peer_url(m.id, &m.url).trim_end_matches('/')
-            );
-            let req = ctx
-                .http
-                .post(url)
-                .header(PEER_HEADER, ctx.signer.sign("POST", VERIFIED, &body, 0))
-                .timeout(Duration::from_secs(2))
-                .body(body.clone());
-            if let Err(e) = req.send().await {
-                tracing::debug!(peer = m.id, error = %e.without_url(), "sharing verified credentials failed");
-            }
-        }
+        post_to_others(&ctx, VERIFIED, &[body], Duration::from_secs(2)).await;
     }
 }

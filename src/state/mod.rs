@@ -49,6 +49,7 @@ mod model;
 pub mod operators;
 pub mod persist;
 mod reapply;
+mod retention;
 pub mod sched;
 
 pub use audit::AuditEvent;
@@ -79,6 +80,7 @@ pub use modelforge_proto::ids::HistoryKind;
 pub use modelforge_proto::ids::NodeId;
 pub use modelforge_proto::ids::PreviewId;
 pub use modelforge_proto::ids::TokenId;
+pub use retention::RETENTION_MS;
 
 /// How many history events a node keeps (oldest dropped first).
 pub const HISTORY_PER_NODE: usize = 256;
@@ -134,10 +136,12 @@ impl State {
     /// Apply one committed envelope at `log_index`. Deterministic; never panics (in debug
     /// builds it asserts [`State::check_after_apply`] afterwards).
     pub fn apply(&mut self, log_index: u64, env: &Envelope) -> Applied {
+        let before = self.clock_ms;
         self.clock_ms = self.clock_ms.max(env.now_ms);
         self.last_applied_index = log_index;
         let now = self.clock_ms;
         self.prune_dedup(now);
+        self.prune_on_the_hour(before);
         if let Some((_, answer)) = self.dedup.get(&env.request_id) {
             return Applied {
                 result: answer.clone(),

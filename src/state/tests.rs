@@ -1085,3 +1085,96 @@ fn operators_are_named_once_keep_only_a_hash_and_reasons_reach_the_audit_trail()
     edited.back_mut().unwrap().reason = Some("routine".into());
     assert!(verify_audit_chain(&edited).is_err());
 }
+
+/// Issue 16 (bounded state): once an hour of leader time apply forgets revoked credentials,
+/// finished tokens and finished smokes older than the retention window, and the old history
+/// of long-decommissioned nodes; nothing forgotten can be used again, and two replicas that
+/// apply the same entries forget the same things.
+#[test]
+fn finished_tokens_revoked_credentials_and_smokes_are_forgotten_after_retention() {
+    use super::retention::DECOMMISSIONED_HISTORY;
+    use super::retention::PRUNE_EVERY_MS;
+    let mut s = State::default();
+    create(&mut s, "t1", 1000);
+    enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
+    let revoke = Command::RevokeCredentials {
+        node_id: "nA".into(),
+        reason: "stolen".into(),
+    };
+    s.apply(3, &env("rv", 1002, revoke)).result.unwrap();
+    create(&mut s, "t2", 1003);
+    enroll(&mut s, "r2", 1004, "t2", "keyA", "nA", "c2").unwrap();
+    create(&mut s, "t3", 1005);
+    let cancel = Command::CancelToken {
+        token_id: "t3".into(),
+        reason: None,
+    };
+    s.apply(4, &env("cancel", 1006, cancel)).result.unwrap();
+    create(&mut s, "t4", 1007);
+    let start = Command::StartSmoke {
+        smoke_id: "s1".into(),
+        node_id: "nA".into(),
+    };
+    s.apply(5, &env("smoke", 1008, start)).result.unwrap();
+    let result = Command::SmokeResult {
+        smoke_id: "s1".into(),
+        node_id: "nA".into(),
+        checks: vec![sched::SmokeCheck {
+            name: "matmul".into(),
+            ok: true,
+            detail: "ok".into(),
+        }],
+    };
+    s.apply(6, &env("result", 1009, result)).result.unwrap();
+    let mut replica = s.clone();
+
+    // Within the window nothing is forgotten, though apply pruned on the hour.
+    touch(&mut s, "c2", 1000 + RETENTION_MS);
+    assert_eq!(s.tokens.len(), 4);
+    assert!(s.credentials.contains_key("c1") && s.sched.smokes.contains_key("s1"));
+    // An hour later: everything that ended before the cutoff is gone.
+    let later = 1010 + RETENTION_MS + PRUNE_EVERY_MS;
+    touch(&mut s, "c2", later);
+    assert!(!s.credentials.contains_key("c1"), "revoked long ago");
+    assert_eq!(s.nodes["nA"].credential_ids, vec!["c2"]);
+    assert_eq!(
+        s.tokens.keys().map(|t| t.as_str()).collect::<Vec<_>>(),
+        vec!["t2"],
+        "t1's credential is gone, t3 cancelled and t4 expired long ago; t2 issued c2"
+    );
+    assert!(s.sched.smokes.is_empty());
+    s.check().unwrap();
+    // Forgotten is never usable again: an unknown token is refused like a spent one.
+    let e = enroll(&mut s, "r3", later + 1, "t1", "keyB", "nB", "c9").unwrap_err();
+    assert_eq!(
+        (e.status(), e.code.as_str()),
+        (401, "invalid_token"),
+        "{e:?}"
+    );
+    assert!(!s.nodes.contains_key("nB"));
+
+    // A replica applying the same entries forgets the same things at the same entry.
+    touch(&mut replica, "c2", 1000 + RETENTION_MS);
+    touch(&mut replica, "c2", later);
+    let _ = enroll(&mut replica, "r3", later + 1, "t1", "keyB", "nB", "c9");
+    assert_eq!(replica, s);
+
+    // A node decommissioned long ago keeps its tombstone and only its last events.
+    let mut s = two_nodes_one_hostname();
+    for i in 0..20 {
+        let ev = Command::RecordEvents {
+            events: vec![("nA".into(), HistoryKind::Status, format!("s{i}"), 1)],
+        };
+        s.apply(10 + i, &env(&format!("ev{i}"), 5_000 + i as i64, ev))
+            .result
+            .unwrap();
+    }
+    preview(&mut s, "p", 6_000, "pv", "nA").unwrap();
+    execute(&mut s, "x", 6_001, "pv", "nA").unwrap();
+    assert!(s.nodes["nA"].history.len() > DECOMMISSIONED_HISTORY);
+    touch(&mut s, "cB", 7_000 + RETENTION_MS + PRUNE_EVERY_MS);
+    let na = &s.nodes["nA"];
+    assert_eq!(na.history.len(), DECOMMISSIONED_HISTORY);
+    assert!(na.decommissioned_at_ms.is_some() && s.identities.contains_key(&na.public_key));
+    s.check().unwrap();
+}

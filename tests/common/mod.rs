@@ -276,6 +276,23 @@ pub fn telemetry(node: &api::NodeDetail) -> Option<modelforge_proto::wire::Telem
 }
 
 /// Poll `f` until it returns `Some`, or panic with `what` after `timeout`.
+/// A node's view, asked of the first of `urls` that answers 200.
+pub async fn node_view(urls: &[String], node_id: &str) -> Option<api::NodeDetail> {
+    for u in urls {
+        let (s, v) = call(
+            "GET",
+            &format!("{u}/api/v1/admin/hardware/nodes/{node_id}"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        if s == 200 {
+            return Some(typed("a node", &v));
+        }
+    }
+    None
+}
+
 pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,

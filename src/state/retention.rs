@@ -1,0 +1,102 @@
+//! Retention: what the replicated state forgets, and when (ARCHITECTURE.md, "Bounded state").
+//!
+//! Once an hour of leader time (the first apply whose stamped clock enters a new hour, the
+//! same entry on every replica, so pruning is as deterministic as the rest of apply), apply
+//! drops what has been finished for longer than [`RETENTION_MS`]:
+//! - credentials revoked that long ago (from the table and their node's list);
+//! - enrolment tokens no longer pending (claimed, cancelled or expired) that long ago and that
+//!   no remaining credential was issued on (a claimed token stays while its credential does);
+//! - capability smokes finished that long ago;
+//! - the history of a node decommissioned that long ago, but for its last
+//!   [`DECOMMISSIONED_HISTORY`] events (the node itself stays, a tombstone that keeps its id
+//!   and identity from ever being used again).
+//!
+//! Nothing pruned can be used again: an unknown token or credential is refused exactly like a
+//! spent or revoked one (401), so forgetting never lets anything back in.
+
+use std::collections::BTreeSet;
+
+use super::CredentialId;
+use super::NodeId;
+use super::State;
+use super::TokenId;
+use super::sched::SmokeState;
+
+/// How long a finished token, revoked credential or finished smoke is kept.
+pub const RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
+/// Events kept in the history of a node decommissioned longer than [`RETENTION_MS`] ago.
+pub const DECOMMISSIONED_HISTORY: usize = 8;
+/// How often (in leader time) apply prunes.
+pub const PRUNE_EVERY_MS: i64 = 3600 * 1000;
+
+impl State {
+    /// Prune if the clock, moving from `before` to the current clock, entered a new period.
+    pub(super) fn prune_on_the_hour(&mut self, before: i64) {
+        if before.div_euclid(PRUNE_EVERY_MS) != self.clock_ms.div_euclid(PRUNE_EVERY_MS) {
+            self.prune_finished(self.clock_ms);
+        }
+    }
+
+    /// Drop what finished before `now - RETENTION_MS` (see the module's documentation).
+    pub fn prune_finished(&mut self, now: i64) {
+        let cutoff = now - RETENTION_MS;
+        let revoked: Vec<(CredentialId, NodeId)> = self
+            .credentials
+            .values()
+            .filter(|c| c.revoked_at_ms.is_some_and(|at| at < cutoff))
+            .map(|c| (c.credential_id.clone(), c.node_id.clone()))
+            .collect();
+        for (id, node) in revoked {
+            self.credentials.remove(&id);
+            if let Some(n) = self.nodes.get_mut(&node) {
+                n.credential_ids.retain(|c| *c != id);
+            }
+        }
+        let issued: BTreeSet<&TokenId> = self
+            .credentials
+            .values()
+            .filter_map(|c| c.token_id.as_ref())
+            .collect();
+        let ended: Vec<TokenId> = self
+            .tokens
+            .values()
+            .filter(|t| !issued.contains(&t.token_id))
+            .filter(|t| {
+                let ended_at = match (&t.claim, t.cancelled_at_ms) {
+                    (Some(c), _) => Some(c.claimed_at_ms),
+                    (None, Some(at)) => Some(at),
+                    (None, None) => (now > t.expires_at_ms).then_some(t.expires_at_ms),
+                };
+                ended_at.is_some_and(|at| at < cutoff)
+            })
+            .map(|t| t.token_id.clone())
+            .collect();
+        for id in ended {
+            self.tokens.remove(&id);
+        }
+        let finished: Vec<_> = self
+            .sched
+            .smokes
+            .values()
+            .filter(|s| s.state != SmokeState::Pending)
+            .filter(|s| s.finished_at_ms.is_some_and(|at| at < cutoff))
+            .map(|s| s.smoke_id.clone())
+            .collect();
+        for id in finished {
+            self.sched.smokes.remove(&id);
+        }
+        let retired: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter(|n| n.decommissioned_at_ms.is_some_and(|at| at < cutoff))
+            .filter(|n| n.history.len() > DECOMMISSIONED_HISTORY)
+            .map(|n| n.node_id.clone())
+            .collect();
+        for id in retired {
+            if let Some(n) = self.nodes.get_mut(&id) {
+                let drop = n.history.len() - DECOMMISSIONED_HISTORY;
+                n.history.drain(..drop);
+            }
+        }
+    }
+}

@@ -30,6 +30,7 @@ pub const NOT_UNMADE: &str = "no write appears that nobody made";
 pub const WORKS: &str = "a credential works unless revoked or superseded";
 pub const STAYS_REVOKED: &str = "no credential is accepted after its revocation was acknowledged";
 pub const CONVERGE: &str = "all members converge to identical state";
+pub const CONFIGURATION: &str = "all members report the same configuration";
 
 /// A credential as the final state holds it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -61,6 +62,10 @@ pub struct FinalState {
     pub tokens: BTreeMap<String, FinalToken>,
     /// member -> (digest, applied index); None when the member did not answer
     pub digests: Vec<Option<(String, u64)>>,
+    /// member -> the configuration it reports: (id, voter) of every member, sorted; None
+    /// when it did not answer
+    #[serde(default)]
+    pub configurations: Vec<Option<Vec<(u64, bool)>>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -208,6 +213,7 @@ pub fn check(ops: &[Op], fin: &FinalState) -> (Vec<Violation>, Resolution) {
     credentials_work_unless_revoked(&ix, &mut v);
     revoked_credentials_stay_refused(&ix, &mut v);
     converged(fin, &mut v);
+    configuration_converged(fin, &mut v);
     (v, res)
 }
 
@@ -706,6 +712,31 @@ fn revoked_credentials_stay_refused(ix: &Ix, v: &mut Vec<Violation>) {
                 vec![*by, op.id],
             );
         }
+    }
+}
+
+/// Every member reports the same membership after the final heal (a membership change that
+/// one member applied and another never learned would split who counts for a quorum).
+fn configuration_converged(fin: &FinalState, v: &mut Vec<Violation>) {
+    let silent: Vec<usize> = (0..fin.configurations.len())
+        .filter(|i| fin.configurations[*i].is_none())
+        .map(|i| i + 1)
+        .collect();
+    let seen: Vec<&Vec<(u64, bool)>> = fin.configurations.iter().flatten().collect();
+    if !silent.is_empty() {
+        violation(
+            v,
+            CONFIGURATION,
+            format!("members in slots {silent:?} did not report their configuration"),
+            vec![],
+        );
+    } else if seen.windows(2).any(|w| w[0] != w[1]) {
+        violation(
+            v,
+            CONFIGURATION,
+            format!("configurations differ: {seen:?}"),
+            vec![],
+        );
     }
 }
 

@@ -1,6 +1,12 @@
 //! A cluster of real `modelforge serve` processes whose peer links run through proxies, so
 //! that the nemesis can kill, pause and cut members. Clients (agents, admins) reach members
 //! directly, as they would across a partition that only cuts the members from each other.
+//!
+//! Members sit in slots: a slot has a port and its proxies for good, and a member id that
+//! changes when the nemesis replaces its member (removed, then a fresh member with a new id
+//! and an empty data dir joins in its place). Slot `i`'s ids are `i + 1`, then `i + 1 + n`,
+//! `i + 1 + 2n`, ...: every member is started with a route through the right proxy for every
+//! id any other slot will ever have, so partitions cut replaced members too.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,8 +44,13 @@ pub struct ChaosCluster {
     procs: Vec<Option<Proc>>,
     paused: Vec<bool>,
     extra: Vec<String>,
+    /// Each slot's current member id.
+    ids: Vec<u64>,
     pub http: reqwest::Client,
 }
+
+/// How many members a slot may have over a run (its first and the replacements).
+pub const GENERATIONS: u64 = 8;
 
 impl ChaosCluster {
     /// Start `n` members (ids 1..=n) and wait until they agree on a leader.
@@ -77,6 +88,7 @@ impl ChaosCluster {
             procs: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
             extra: extra.to_vec(),
+            ids: (1..=n as u64).collect(),
             http: devkit::http(),
         };
         for i in 0..n {
@@ -96,25 +108,49 @@ impl ChaosCluster {
         (0..self.n).map(|i| self.url(i)).collect()
     }
 
+    /// Slot `i`'s current member id.
+    pub fn id(&self, i: usize) -> u64 {
+        self.ids[i]
+    }
+
     /// Start member `i` (in a process group of its own, so that a pause stops all of it),
-    /// reaching every other member through its proxy.
+    /// reaching every other member through its proxy. A slot's first member belongs to the
+    /// initial `--peer` list; a replacement joins the running cluster (`--join`).
     pub fn start_member(&mut self, i: usize) -> Result<(), HarnessError> {
-        let peers = devkit::peers(&self.ports);
+        let id = self.ids[i];
+        let n = self.n as u64;
+        let first = id == i as u64 + 1;
+        let peers = if first {
+            devkit::peers(&self.ports)
+        } else {
+            vec![]
+        };
         let routes: Vec<(u64, String)> = (0..self.n)
             .filter(|j| *j != i)
-            .map(|j| (j as u64 + 1, devkit::url(self.proxies[&(i, j)].port)))
+            .flat_map(|j| {
+                let via = devkit::url(self.proxies[&(i, j)].port);
+                (0..GENERATIONS).map(move |g| (j as u64 + 1 + g * n, via.clone()))
+            })
             .collect();
-        let data_dir = self.root.join(format!("m{}", i + 1));
+        let mut extra = self.extra.clone();
+        if !first {
+            let others: Vec<String> = (0..self.n)
+                .filter(|j| *j != i)
+                .map(|j| self.url(j))
+                .collect();
+            extra.extend(["--join".to_string(), others.join(",")]);
+        }
+        let data_dir = self.root.join(format!("m{id}"));
         let args = devkit::MemberSpec {
-            id: i as u64 + 1,
+            id,
             port: self.ports[i],
             data_dir: &data_dir,
             peers: &peers,
             routes: &routes,
-            extra: &self.extra,
+            extra: &extra,
         }
         .args();
-        let log = self.root.join(format!("m{}.log", i + 1));
+        let log = self.root.join(format!("m{id}.log"));
         let proc = Proc::spawn(
             &self.bin,
             &args,
@@ -186,9 +222,104 @@ impl ChaosCluster {
                 );
             }
         }
-        devkit::newest_leader(&views)
-            .map(|l| l as usize - 1)
-            .filter(|l| *l < self.n)
+        let id = devkit::newest_leader(&views)?;
+        self.ids.iter().position(|i| *i == id)
+    }
+
+    /// Replace slot `i`'s member: remove it from the cluster (a leader hands leadership over
+    /// first), stop it, and add a fresh member with the slot's next id and an empty data dir,
+    /// as an operator replaces a lost member. Ok with what happened, Err if the harness could
+    /// not get through the change (never a verdict on the system).
+    pub async fn replace(&mut self, i: usize) -> Result<String, HarnessError> {
+        let old = self.ids[i];
+        let new = old + self.n as u64;
+        if new > self.n as u64 * GENERATIONS {
+            return Ok("skipped: the slot used its fresh ids".into());
+        }
+        let removed = self
+            .admin_until_ok(
+                "DELETE",
+                &format!("/api/v1/admin/cluster/members/{old}"),
+                None,
+            )
+            .await;
+        if let Err(e) = removed {
+            return Ok(format!("indeterminate: removing member {old}: {e}"));
+        }
+        self.kill9(i);
+        self.ids[i] = new;
+        self.start_member(i)?;
+        let body = serde_json::json!({"id": new, "url": self.url(i)});
+        match self
+            .admin_until_ok("POST", "/api/v1/admin/cluster/members", Some(body))
+            .await
+        {
+            Ok(()) => Ok("installed".into()),
+            Err(e) => Err(HarnessError(format!(
+                "adding member {new} in slot {}: {e}",
+                i + 1
+            ))),
+        }
+    }
+
+    /// An admin write sent to members in turn until one answers 2xx (or, for an add whose
+    /// first answer was lost, 409 `member_exists`), for at most 60 s.
+    async fn admin_until_ok(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut last = String::new();
+        while tokio::time::Instant::now() < deadline {
+            for i in 0..self.n {
+                if self.paused[i] {
+                    continue;
+                }
+                let mut req = self
+                    .http
+                    .request(
+                        method.parse().expect("method"),
+                        format!("{}{path}", self.url(i)),
+                    )
+                    .bearer_auth(ADMIN)
+                    .timeout(Duration::from_secs(30));
+                if let Some(b) = &body {
+                    req = req.json(b);
+                }
+                match req.send().await {
+                    Ok(r) if r.status().is_success() => return Ok(()),
+                    Ok(r) => {
+                        let status = r.status();
+                        let text = r.text().await.unwrap_or_default();
+                        if status == 409 && text.contains("member_exists") {
+                            return Ok(());
+                        }
+                        last = format!("{status} {text}");
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(last)
+    }
+
+    /// Each slot's member's own configuration: (id, voter) of every member, sorted; None when
+    /// it did not answer.
+    pub async fn configurations(&self) -> Vec<Option<Vec<(u64, bool)>>> {
+        let mut out = vec![];
+        for i in 0..self.n {
+            let view =
+                devkit::cluster_view(&self.http, &self.url(i), ADMIN, Duration::from_secs(5)).await;
+            out.push(view.map(|v| {
+                let mut m: Vec<(u64, bool)> = v.members.iter().map(|m| (m.id, m.voter)).collect();
+                m.sort();
+                m
+            }));
+        }
+        out
     }
 
     pub async fn wait_leader(&mut self, timeout: Duration) -> Option<usize> {

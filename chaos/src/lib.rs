@@ -91,6 +91,8 @@ pub struct RunConfig {
     pub heartbeaters: usize,
     /// Pause between faults (a fault's own duration comes on top).
     pub fault_every: Duration,
+    /// The nemesis also replaces members (removed, then a fresh member with a new id joins).
+    pub membership: bool,
     pub server_bin: PathBuf,
     pub work_dir: PathBuf,
 }
@@ -98,12 +100,13 @@ pub struct RunConfig {
 impl RunConfig {
     pub fn replay_command(&self) -> String {
         format!(
-            "cargo run --release -p modelforge-chaos -- --seed {} --members {} --duration-s {} --agents {} --fault-every-ms {}",
+            "cargo run --release -p modelforge-chaos -- --seed {} --members {} --duration-s {} --agents {} --fault-every-ms {}{}",
             self.seed,
             self.members,
             self.duration.as_secs(),
             self.agents,
-            self.fault_every.as_millis()
+            self.fault_every.as_millis(),
+            if self.membership { " --membership" } else { "" }
         )
     }
 }
@@ -136,6 +139,8 @@ pub struct Exercised {
     pub leader_kills_mid_enrolment: usize,
     pub partitions: usize,
     pub pauses: usize,
+    /// Members replaced (removed, and a fresh member added in their place).
+    pub membership_changes: usize,
 }
 
 impl Exercised {
@@ -186,6 +191,7 @@ impl Exercised {
             .count();
         e.partitions = installed("partition-leader").count();
         e.pauses = installed("pause-leader").count();
+        e.membership_changes = installed("replace-member").count();
         e
     }
 
@@ -226,6 +232,11 @@ impl Exercised {
             ),
             ("partitions", self.partitions, min.partitions),
             ("pauses", self.pauses, min.pauses),
+            (
+                "membership changes",
+                self.membership_changes,
+                min.membership_changes,
+            ),
         ];
         pairs
             .into_iter()
@@ -239,7 +250,7 @@ impl std::fmt::Display for Exercised {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "enrolments {} (retries {}, unknown {}), heartbeats {} ({} after a revocation), revocations {}, leader kills {} ({} mid-enrolment), pauses {}, partitions {}",
+            "enrolments {} (retries {}, unknown {}), heartbeats {} ({} after a revocation), revocations {}, leader kills {} ({} mid-enrolment), pauses {}, partitions {}, members replaced {}",
             self.enrolments_acknowledged,
             self.enrolment_retries,
             self.enrolments_unknown,
@@ -249,7 +260,8 @@ impl std::fmt::Display for Exercised {
             self.leader_kills,
             self.leader_kills_mid_enrolment,
             self.pauses,
-            self.partitions
+            self.partitions,
+            self.membership_changes
         )
     }
 }
@@ -396,6 +408,16 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
         let same = all && d.windows(2).all(|w| w[0] == w[1]);
         if same || tokio::time::Instant::now() >= deadline {
             fin.digests = d;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The configuration every member reports, once it agrees (or the deadline passes).
+    loop {
+        let configs = cluster.configurations().await;
+        let same = configs.iter().all(|c| c.is_some()) && configs.windows(2).all(|w| w[0] == w[1]);
+        if same || tokio::time::Instant::now() >= deadline {
+            fin.configurations = configs;
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -560,6 +582,7 @@ mod tests {
                 leader_kills_mid_enrolment: 1,
                 partitions: 0,
                 pauses: 1,
+                membership_changes: 0,
             }
         );
     }

@@ -53,6 +53,7 @@ async fn main() {
         agents: num("--agents", 6) as usize,
         heartbeaters: num("--heartbeaters", 4) as usize,
         fault_every: Duration::from_millis(num("--fault-every-ms", 800)),
+        membership: args.iter().any(|a| a == "--membership"),
         server_bin: server,
         work_dir: work.clone(),
     };

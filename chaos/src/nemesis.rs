@@ -46,11 +46,12 @@ pub async fn run(
                 }))
     };
     while more(&out) {
-        let kind = match rng.below(20) {
+        let kind = match rng.below(if cfg.membership { 25 } else { 20 }) {
             0..=10 => "kill-leader",
             11..=12 => "kill-follower",
             13..=15 => "pause-leader",
-            _ => "partition-leader",
+            16..=19 => "partition-leader",
+            _ => "replace-member",
         };
         let hold = Duration::from_millis(300 + rng.below(1200) as u64);
         let at_ms = sh.history.now_ms();
@@ -102,6 +103,13 @@ pub async fn run(
                         cluster.start_member(f)?;
                     }
                 }
+            }
+            "replace-member" => {
+                // Any member, the leader included (it hands leadership over first).
+                let i = rng.below(cluster.n);
+                rec.target = Some(i);
+                rec.enrolments_in_flight = sh.enrolls_in_flight.load(Ordering::SeqCst);
+                rec.status = cluster.replace(i).await?;
             }
             "pause-leader" => {
                 rec.status = if cluster.pause(l) {

@@ -110,12 +110,20 @@ fn member_connection(
             format!("member {id} was removed from the cluster"),
         ));
     }
-    let members = ctx.consensus.status().members;
+    let status = ctx.consensus.status();
     // A `--join` member not added yet knows no configuration: the cluster CA's certificate
-    // and the cluster secret's MAC are what admit its future leader.
-    let waiting_to_join = !ctx.cfg.join.is_empty() && members.is_empty();
-    let member =
-        waiting_to_join || ctx.cfg.peers.contains_key(&id) || members.iter().any(|m| m.id == id);
+    // and the cluster secret's MAC are what admit its future leader. Neither does a member
+    // still catching up know members added after the entries it holds: a joiner replaying an
+    // old configuration must accept a leader that was itself added later (the chaos suite's
+    // membership nemesis caught a joiner refusing such a leader for good). So a member that
+    // does not lead admits any certified member that was never removed; the leader admits
+    // only members of its configuration.
+    let waiting_to_join = !ctx.cfg.join.is_empty() && status.members.is_empty();
+    let not_leading = status.leader_id != Some(ctx.cfg.node_id);
+    let member = waiting_to_join
+        || not_leading
+        || ctx.cfg.peers.contains_key(&id)
+        || status.members.iter().any(|m| m.id == id);
     if !member {
         return Err(ApiError::new(
             ErrorCode::PeerUnauthenticated,

@@ -173,6 +173,7 @@ fn clean() -> (H, FinalState) {
     f.tokens.insert("t6".into(), token("cancelled", None, "n6"));
     f.tokens.insert("t7".into(), token("cancelled", None, "n7"));
     f.digests = vec![Some(("d".into(), 40)); 3];
+    f.configurations = vec![Some(vec![(1, true), (5, true), (6, true)]); 3];
     (h, f)
 }
 
@@ -342,6 +343,18 @@ fn members_with_different_digests_are_caught() {
     let (h, mut f) = clean();
     f.digests[2] = Some(("e".into(), 40));
     caught_by(&h, &f, CONVERGE);
+}
+
+#[test]
+fn members_that_report_different_configurations_are_caught() {
+    let (h, mut f) = clean();
+    // Member 2 never learned that member 6 was promoted.
+    f.configurations[1] = Some(vec![(1, true), (5, true), (6, false)]);
+    caught_by(&h, &f, CONFIGURATION);
+    let (h, mut f) = clean();
+    f.configurations[2] = None;
+    let v = caught_by(&h, &f, CONFIGURATION);
+    assert!(v[0].detail.contains("[3]"), "{v:#?}");
 }
 
 #[test]

@@ -142,9 +142,10 @@ impl SharedNode {
 /// Every member's copy of what the leader shared of its live view (see ARCHITECTURE.md, "Node
 /// supervision"): memory only, one entry a node that exists and is not decommissioned here,
 /// telemetry within a byte budget. A member that becomes leader seeds its shards from it.
-#[derive(Default)]
 pub struct Observed {
     inner: std::sync::Mutex<ObservedInner>,
+    /// Bytes of telemetry samples held at most (`--telemetry-budget-mib`).
+    budget: usize,
     /// Entries taken from the leader's shares.
     pub learned: AtomicU64,
 }
@@ -165,16 +166,20 @@ pub struct ObservedCounts {
 }
 
 impl Observed {
+    /// An empty store holding at most `budget` bytes of telemetry samples.
+    pub fn new(budget: usize) -> Self {
+        Self {
+            inner: Default::default(),
+            budget,
+            learned: AtomicU64::new(0),
+        }
+    }
+
     /// Take `batch` into the store: newer refusals and samples replace older ones; nodes
     /// missing or decommissioned in `state` are skipped (and pruned, at most once a minute);
-    /// over `budget` bytes of samples, a node without a sample here gets none.
-    pub fn merge(
-        &self,
-        state: &State,
-        batch: Vec<(NodeId, ObservedNode)>,
-        budget: usize,
-        now_ms: i64,
-    ) -> usize {
+    /// over the budget, a node without a sample here gets none.
+    pub fn merge(&self, state: &State, batch: Vec<(NodeId, ObservedNode)>, now_ms: i64) -> usize {
+        let budget = self.budget;
         let live = |id: &NodeId| {
             state
                 .nodes
@@ -226,7 +231,8 @@ impl Observed {
         taken
     }
 
-    pub fn get(&self, node_id: &NodeId) -> Option<ObservedNode> {
+    #[cfg(test)]
+    fn get(&self, node_id: &NodeId) -> Option<ObservedNode> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.nodes.get(node_id).cloned()
     }
@@ -616,7 +622,7 @@ impl Supervision {
             shards: shards.max(1),
             telemetry_budget,
             app,
-            observed: Arc::new(Observed::default()),
+            observed: Arc::new(Observed::new(telemetry_budget)),
             refs: Arc::new(RwLock::new(vec![None; shards.max(1)])),
             rebuilt_at_ms: Arc::new(AtomicU64::new(now_ms as u64)),
             restarts: Arc::new(AtomicU64::new(0)),
@@ -720,11 +726,6 @@ impl Supervision {
             }
         }
         out
-    }
-
-    /// The byte budget of telemetry samples (shared samples are held within it too).
-    pub fn telemetry_budget(&self) -> usize {
-        self.telemetry_budget
     }
 
     /// Record `statuses` as written and take every shard's unflushed refusals.
@@ -1013,9 +1014,7 @@ mod tests {
             .await
             .unwrap();
         let batch = back.into_iter().map(SharedNode::into_observed).collect();
-        follower
-            .observed
-            .merge(&follower_app.read(), batch, 1 << 20, 20_000);
+        follower.observed.merge(&follower_app.read(), batch, 20_000);
         assert_eq!(
             follower.observed.counts(),
             ObservedCounts {
@@ -1050,13 +1049,13 @@ mod tests {
     #[test]
     fn the_observed_store_keeps_the_newest_for_known_nodes_within_its_budget() {
         let app = app_with_nodes(3);
-        let store = Observed::default();
+        let budget = sample_cost("aaaa") + sample_cost("bbbb");
+        let store = Observed::new(budget);
         let obs = |at: i64, text: &str| ObservedNode {
             last_refusal: None,
             telemetry: Some((at, text.into())),
         };
         let id = |s: &str| NodeId::from(s);
-        let budget = sample_cost("aaaa") + sample_cost("bbbb");
         let state = app.read();
         let taken = store.merge(
             &state,
@@ -1065,19 +1064,18 @@ mod tests {
                 (id("nx"), obs(10, "xxxx")),
                 (id("n1"), obs(10, "bbbb")),
             ],
-            budget,
             0,
         );
         assert_eq!(taken, 2, "the unknown node is skipped");
-        store.merge(&state, vec![(id("n2"), obs(10, "cccc"))], budget, 0);
+        store.merge(&state, vec![(id("n2"), obs(10, "cccc"))], 0);
         assert_eq!(
             store.get(&id("n2")).unwrap().telemetry,
             None,
             "over the budget"
         );
-        store.merge(&state, vec![(id("n0"), obs(5, "old!"))], budget, 0);
+        store.merge(&state, vec![(id("n0"), obs(5, "old!"))], 0);
         assert_eq!(store.get(&id("n0")).unwrap().telemetry.unwrap().0, 10);
-        store.merge(&state, vec![(id("n0"), obs(20, "newr"))], budget, 0);
+        store.merge(&state, vec![(id("n0"), obs(20, "newr"))], 0);
         assert_eq!(&*store.get(&id("n0")).unwrap().telemetry.unwrap().1, "newr");
         assert_eq!(store.counts().telemetry_samples, 2);
     }

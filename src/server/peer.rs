@@ -118,12 +118,10 @@ fn member_connection(
     // membership nemesis caught a joiner refusing such a leader for good). So a member that
     // does not lead admits any certified member that was never removed; the leader admits
     // only members of its configuration.
-    let waiting_to_join = !ctx.cfg.join.is_empty() && status.members.is_empty();
+    // (A joiner not added yet leads nothing, so it is covered too.)
     let not_leading = status.leader_id != Some(ctx.cfg.node_id);
-    let member = waiting_to_join
-        || not_leading
-        || ctx.cfg.peers.contains_key(&id)
-        || status.members.iter().any(|m| m.id == id);
+    let member =
+        not_leading || ctx.cfg.peers.contains_key(&id) || status.members.iter().any(|m| m.id == id);
     if !member {
         return Err(ApiError::new(
             ErrorCode::PeerUnauthenticated,
@@ -276,9 +274,7 @@ pub(super) async fn peer_observed(
         codec::decode(&body).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
     let batch = shared.into_iter().map(|n| n.into_observed()).collect();
     let sup = &ctx.live.sup;
-    let n = sup
-        .observed
-        .merge(&ctx.app.read(), batch, sup.telemetry_budget(), now_ms());
+    let n = sup.observed.merge(&ctx.app.read(), batch, now_ms());
     sup.observed
         .learned
         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
@@ -287,7 +283,9 @@ pub(super) async fn peer_observed(
 
 /// Every second, the leader hands what changed in its view of the nodes (refusals, a sample
 /// per node at most every 30 s) to every other member, best effort, in bodies of at most
-/// `OBSERVED_CHUNK` bytes, and keeps it in its own store too (it may lead again later).
+/// `OBSERVED_CHUNK` bytes. It keeps no copy of its own: its shards hold the same, and should it
+/// lose leadership it learns the new leader's view like any follower (a new leader shares its
+/// refusals again when it rebuilds).
 pub(super) async fn share_observed(ctx: Shared) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -314,8 +312,6 @@ pub(super) async fn share_observed(ctx: Shared) {
         if !chunk.is_empty() {
             bodies.extend(codec::encode(&chunk).ok());
         }
-        sup.observed
-            .merge(&ctx.app.read(), batch, sup.telemetry_budget(), now_ms());
         post_to_others(&ctx, OBSERVED, &bodies, Duration::from_secs(5)).await;
     }
 }

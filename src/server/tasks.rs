@@ -149,22 +149,22 @@ pub(super) async fn watch_disk(ctx: Shared) {
     ctx.consensus.hold_snapshots(ctx.disk.low());
     loop {
         tokio::time::sleep(crate::disk::CHECK_EVERY).await;
-        let change = ctx.disk.check(now_ms());
-        if let Some(low) = change {
-            ctx.consensus.hold_snapshots(low);
-        }
-        match change {
-            Some(true) => tracing::error!(
+        let Some(low) = ctx.disk.check(now_ms()) else {
+            continue;
+        };
+        ctx.consensus.hold_snapshots(low);
+        if low {
+            tracing::error!(
                 free_mib = ctx.disk.view().free_bytes >> 20,
                 reserve_mib = ctx.cfg.disk_reserve_bytes >> 20,
                 data_dir = %ctx.cfg.data_dir.display(),
                 "disk space under the reserve: writes are refused until space returns"
-            ),
-            Some(false) => tracing::info!(
+            );
+        } else {
+            tracing::info!(
                 free_mib = ctx.disk.view().free_bytes >> 20,
                 "disk space is back over the reserve: writes are accepted again"
-            ),
-            None => {}
+            );
         }
     }
 }

@@ -25,6 +25,7 @@ pub struct Replicated {
     state: RwLock<State>,
     verified: Mutex<HashMap<String, [u8; 32]>>,
     journal: std::sync::OnceLock<std::sync::Arc<crate::journal::Journal>>,
+    archive: std::sync::OnceLock<std::sync::Arc<crate::archive::Archive>>,
 }
 
 /// See [`Replicated::cached`].
@@ -47,6 +48,16 @@ impl Replicated {
     /// Write the facts every apply decides into `journal` from now on.
     pub fn attach_journal(&self, journal: std::sync::Arc<crate::journal::Journal>) {
         let _ = self.journal.set(journal);
+    }
+
+    /// Write the audit events every apply moves out of the state into `archive` from now on.
+    pub fn attach_archive(&self, archive: std::sync::Arc<crate::archive::Archive>) {
+        let _ = self.archive.set(archive);
+    }
+
+    /// The member's audit archive (none in tests that run the state alone).
+    pub fn archive(&self) -> Option<&std::sync::Arc<crate::archive::Archive>> {
+        self.archive.get()
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
@@ -113,9 +124,22 @@ impl Application for Replicated {
         let result = match codec::decode::<Envelope>(command) {
             Ok(env) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-                let crate::state::Applied { result, facts } = state.apply(log_index, &env);
+                let crate::state::Applied {
+                    result,
+                    facts,
+                    archived,
+                } = state.apply(log_index, &env);
                 if let Some(j) = self.journal.get() {
                     j.append(log_index, facts);
+                }
+                // On disk before the apply returns, so before any snapshot can capture a
+                // state without them (once an hour). A disk that fails this stops the member,
+                // like a failed Raft log write: the page cache may have dropped the lines.
+                if let (Some(a), false) = (self.archive.get(), archived.is_empty())
+                    && let Err(e) = a.append(&archived)
+                {
+                    tracing::error!(error = %e, "audit archive: write or fsync failed; stopping");
+                    std::process::exit(modelforge_raft::log_store::EXIT_LOG_WRITE_FAILED);
                 }
                 // Only these two commands revoke; clear the cache for the node's revoked
                 // credentials in the same step, before any reader can see the new state.

@@ -318,6 +318,25 @@ pub fn prepare(
             }
         }
     }
+    // The trail's archived part: the backup holds only its base (count and head hash); take
+    // the events from the first old member's data dir whose archive proves out against it.
+    let base = state.audit_base.clone();
+    if base.count > 0 {
+        let mut found = false;
+        for j in journals.iter().filter(|j| j.is_dir()) {
+            if crate::archive::copy_prefix(j, data_dir, &base)? {
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            report.warnings.push(format!(
+                "the backup's audit trail continues from {} archived events that no given data                  dir holds (pass an old member's data dir with --journal): the restored                  cluster's trail starts at seq {} and is reported incomplete",
+                base.count,
+                base.count + 1
+            ));
+        }
+    }
     if journals.is_empty() {
         let pending = state
             .tokens

@@ -6,6 +6,7 @@
 
 pub mod admin_cli;
 pub mod app;
+pub mod archive;
 pub mod backup;
 pub mod cli;
 pub mod disk;

@@ -372,6 +372,7 @@ mod tests {
             admission: Default::default(),
             observed: Default::default(),
             disk: Default::default(),
+            audit_archive: Default::default(),
         })
     }
 

@@ -295,6 +295,22 @@ pub struct ClusterView {
     pub observed: ObservedView,
     #[serde(default)]
     pub disk: DiskView,
+    #[serde(default)]
+    pub audit_archive: AuditArchiveView,
+}
+
+/// This member's audit archive against the replicated state's base: `complete` once its file
+/// holds every event the state moved out (a member that installed a snapshot fills the hole
+/// from the others).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AuditArchiveView {
+    /// Events the replicated state has moved to the archive.
+    pub archived: u64,
+    /// Events this member's archive file holds (a contiguous chain from seq 1).
+    pub on_disk: u64,
+    pub complete: bool,
+    /// Events still in the replicated state.
+    pub live: u64,
 }
 
 /// What this member holds of the leader's live view of the nodes (memory only): it seeds the

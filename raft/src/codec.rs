@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 /// 6: named operators, reasons on cancellations and in audit rows.
 /// 7: a claim keeps the signing time of its last accepted proof.
 /// 8: retired member ids in the state; snapshot RPC bodies stream (vote head, then the file).
-pub const FORMAT_VERSION: u8 = 8;
+/// 9: the audit base (archived count and head) in the state.
+pub const FORMAT_VERSION: u8 = 9;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

@@ -586,20 +586,50 @@ pub async fn audit(
         ),
     };
     ctx.linearize().await?;
-    let s = ctx.app.read();
+    let (live, base) = {
+        let s = ctx.app.read();
+        (s.audit.clone(), s.audit_base.clone())
+    };
     let limit = q.limit.unwrap_or(usize::MAX);
-    let events = s
-        .audit
-        .iter()
-        .filter(|e| q.node_id.as_ref().is_none_or(|n| &e.target == n))
-        .filter(|e| since_ms.is_none_or(|t| e.at_ms >= t))
-        .take(limit)
-        .map(|e| api::AuditEventView {
-            at: rfc3339_ms(e.at_ms),
-            record: e.clone(),
-        })
-        .collect();
-    let chain_verified = crate::state::verify_audit_chain(&s.audit).is_ok();
+    let wanted = move |e: &crate::state::AuditEvent| {
+        q.node_id.as_ref().is_none_or(|n| &e.target == n) && since_ms.is_none_or(|t| e.at_ms >= t)
+    };
+    let view = |e: crate::state::AuditEvent| api::AuditEventView {
+        at: rfc3339_ms(e.at_ms),
+        record: e,
+    };
+    // The archived events first (read from this member's file), then the live ones: the whole
+    // trail from seq 1, so a client verifies it end to end.
+    let archive = ctx.app.archive().cloned();
+    let (mut events, complete) = tokio::task::spawn_blocking({
+        let wanted = wanted.clone();
+        let base = base.clone();
+        move || {
+            let mut events = vec![];
+            let Some(archive) = archive else {
+                return Ok((events, base.count == 0));
+            };
+            archive.each(|e| {
+                if wanted(&e) {
+                    events.push(view(e));
+                }
+                events.len() < limit
+            })?;
+            Ok::<_, std::io::Error>((events, archive.tip() == base))
+        }
+    })
+    .await
+    .map_err(|_| ApiError::internal("the archive read stopped"))?
+    .map_err(|e| ApiError::internal(format!("the audit archive is not readable: {e}")))?;
+    let room = limit.saturating_sub(events.len());
+    events.extend(
+        live.iter()
+            .filter(|e| wanted(e))
+            .take(room)
+            .cloned()
+            .map(view),
+    );
+    let chain_verified = complete && crate::state::verify_audit_chain(&base, &live).is_ok();
     Ok(axum::Json(api::AuditPage {
         events,
         chain_verified,

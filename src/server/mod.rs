@@ -246,6 +246,14 @@ pub async fn serve_on(
     }
     let app = Arc::new(Replicated::with_base(base));
     app.attach_journal(crate::journal::Journal::open(&cfg.data_dir, &cluster_id)?);
+    if std::env::var_os(crate::state::TEST_RETENTION_ENV).is_some() {
+        tracing::warn!(
+            window_ms = crate::state::retention_windows().0,
+            "{} is set: retention is shortened for a test; never in production",
+            crate::state::TEST_RETENTION_ENV
+        );
+    }
+    app.attach_archive(Arc::new(crate::archive::Archive::open(&cfg.data_dir)?));
     let peer_key = secrets::peer_token(cfg.cluster_secret.expose_secret(), &cluster_id);
     let signer = modelforge_raft::peer_auth::PeerSigner::new(peer_key.as_bytes(), cfg.node_id);
     let tls = crate::tls::prepare(&cfg.tls, &cfg.data_dir, cfg.node_id, &tls_names(&cfg))?;
@@ -342,6 +350,7 @@ pub async fn serve_on(
     until_stopped(Box::pin(record_node_events(ctx.clone())));
     until_stopped(Box::pin(share_verified(ctx.clone())));
     until_stopped(Box::pin(share_observed(ctx.clone())));
+    until_stopped(Box::pin(peer::fill_audit_archive(ctx.clone())));
     until_stopped(Box::pin(tasks::watch_disk(ctx.clone())));
     for _ in 0..ctx.hasher.workers() {
         until_stopped(Box::pin(mint_ahead(ctx.clone())));

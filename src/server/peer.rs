@@ -34,6 +34,11 @@ pub const OBSERVED: &str = "/internal/v1/observed";
 /// The most encoded bytes of node shares sent in one peer body.
 const OBSERVED_CHUNK: usize = 8 << 20;
 
+/// Archived audit events after a seq, for a member whose archive has a hole.
+pub const AUDIT_ARCHIVE: &str = "/internal/v1/audit-archive";
+/// The most bytes of archived events in one answer.
+const ARCHIVE_PAGE: usize = 4 << 20;
+
 /// A snapshot from the leader, streamed to disk (`peer_snapshot`), never buffered here.
 pub const SNAPSHOT: &str = "/internal/v1/raft/snapshot";
 /// The most any other peer body may hold (a Raft append or vote, a proposal, a batch of
@@ -313,6 +318,87 @@ pub(super) async fn share_observed(ctx: Shared) {
             bodies.extend(codec::encode(&chunk).ok());
         }
         post_to_others(&ctx, OBSERVED, &bodies, Duration::from_secs(5)).await;
+    }
+}
+
+/// Archived audit events after the seq the body names (a little-endian u64), as JSON lines:
+/// any member that holds them answers; the asker trusts them only once they recompute to the
+/// replicated head (`archive::Archive::fill`).
+pub(super) async fn peer_audit_archive(
+    State(ctx): State<Shared>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let after = <[u8; 8]>::try_from(&body[..])
+        .map(u64::from_le_bytes)
+        .map_err(|_| ApiError::new(ErrorCode::BadPeerBody, "the body must be a seq (8 bytes)"))?;
+    let Some(archive) = ctx.app.archive().cloned() else {
+        return Ok(Vec::<u8>::new().into_response());
+    };
+    let lines = tokio::task::spawn_blocking(move || archive.lines_after(after, ARCHIVE_PAGE))
+        .await
+        .map_err(|_| ApiError::internal("the archive read stopped"))?
+        .map_err(|e| ApiError::internal(format!("the archive is not readable: {e}")))?;
+    Ok(lines.into_response())
+}
+
+/// Every 5 s: if the replicated state has archived events this member's archive does not hold
+/// (it installed a snapshot, or was restored), fetch them from the other members in turn.
+pub(super) async fn fill_audit_archive(ctx: Shared) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let Some(archive) = ctx.app.archive().cloned() else {
+            return;
+        };
+        let base = ctx.app.read().audit_base.clone();
+        if archive.tip().count >= base.count {
+            continue;
+        }
+        for m in ctx.consensus.status().members {
+            if m.id == ctx.cfg.node_id {
+                continue;
+            }
+            let url = format!(
+                "{}{AUDIT_ARCHIVE}",
+                ctx.peer_url(m.id, &m.url).trim_end_matches('/')
+            );
+            let fetch = |after: u64| {
+                let body = after.to_le_bytes().to_vec();
+                let req = ctx
+                    .http
+                    .post(&url)
+                    .header(
+                        PEER_HEADER,
+                        ctx.signer.sign("POST", AUDIT_ARCHIVE, &body, 0),
+                    )
+                    .timeout(Duration::from_secs(30))
+                    .body(body);
+                async move {
+                    let resp = req.send().await.map_err(|e| e.without_url().to_string())?;
+                    if !resp.status().is_success() {
+                        return Err(format!("answered {}", resp.status()));
+                    }
+                    let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+                    if bytes.len() > 2 * ARCHIVE_PAGE {
+                        return Err("answered more than a page".into());
+                    }
+                    Ok(bytes.to_vec())
+                }
+            };
+            match archive.fill(&base, fetch).await {
+                Ok(n) => {
+                    tracing::info!(
+                        from = m.id,
+                        events = n,
+                        upto = base.count,
+                        "audit archive: hole filled"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(from = m.id, error = %e, "audit archive: a member could not fill the hole")
+                }
+            }
+        }
     }
 }
 

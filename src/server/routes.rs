@@ -126,6 +126,7 @@ pub fn router(ctx: Shared) -> Router {
         .route(READ_INDEX, get(peer_read_index))
         .route(VERIFIED, post(peer_verified))
         .route(OBSERVED, post(peer_observed))
+        .route(AUDIT_ARCHIVE, post(super::peer::peer_audit_archive))
         // Checked before the handler runs, so a refused caller's body is never read.
         .route_layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
@@ -241,6 +242,19 @@ pub(super) async fn cluster(
             retry_after_s: ctx.shed_backoff.current(),
         },
         disk: ctx.disk.view(),
+        audit_archive: {
+            let (base, live) = {
+                let s = ctx.app.read();
+                (s.audit_base.clone(), s.audit.len() as u64)
+            };
+            let tip = ctx.app.archive().map(|a| a.tip()).unwrap_or_default();
+            api::AuditArchiveView {
+                archived: base.count,
+                on_disk: tip.count,
+                complete: tip == base,
+                live,
+            }
+        },
         observed: {
             let c = ctx.live.sup.observed.counts();
             api::ObservedView {

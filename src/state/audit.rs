@@ -1,5 +1,7 @@
 //! The audit trail: one row per admin and enrolment action, each row hashing the one before.
 
+use serde::Deserialize;
+use serde::Serialize;
 use sha2::Digest;
 
 use super::State;
@@ -20,12 +22,11 @@ impl State {
         request_id: &str,
         reason: Option<&str>,
     ) {
-        let seq = self.audit.len() as u64 + 1;
+        let seq = self.audit_base.count + self.audit.len() as u64 + 1;
         let prev_hash = self
             .audit
             .last()
-            .map(|e| e.hash.clone())
-            .unwrap_or_else(|| "0".repeat(64));
+            .map_or_else(|| self.audit_base.head.clone(), |e| e.hash.clone());
         let mut ev = AuditEvent {
             seq,
             at_ms: now,
@@ -70,14 +71,59 @@ pub fn audit_hash(ev: &AuditEvent) -> String {
     modelforge_proto::hex(&h.finalize())
 }
 
-/// Check the audit chain; returns the first broken sequence number.
-pub fn verify_audit_chain<'a>(events: impl IntoIterator<Item = &'a AuditEvent>) -> Result<(), u64> {
-    let mut prev = "0".repeat(64);
+/// Where the live audit trail starts: how many events were moved to the archive and the hash
+/// of the last of them (the chain's head as far as the archive goes; see ARCHITECTURE.md,
+/// "The archive"). Replicated (positional codec).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AuditBase {
+    pub count: u64,
+    pub head: String,
+}
+
+impl Default for AuditBase {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            head: GENESIS.to_string(),
+        }
+    }
+}
+
+/// The `prev_hash` of the first event of every trail.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Check an audit chain that continues from `base`; returns the first broken sequence number.
+pub fn verify_audit_chain<'a>(
+    base: &AuditBase,
+    events: impl IntoIterator<Item = &'a AuditEvent>,
+) -> Result<(), u64> {
+    let mut prev = base.head.clone();
     for (i, ev) in events.into_iter().enumerate() {
-        if ev.seq != i as u64 + 1 || ev.prev_hash != prev || audit_hash(ev) != ev.hash {
+        if ev.seq != base.count + i as u64 + 1 || ev.prev_hash != prev || audit_hash(ev) != ev.hash
+        {
             return Err(ev.seq);
         }
         prev = ev.hash.clone();
     }
     Ok(())
+}
+
+impl State {
+    /// Move every event older than `cutoff` out of the state, advancing the base; the events
+    /// moved, oldest first, for the member's archive (apply itself writes nothing).
+    pub(super) fn archive_audit_before(&mut self, cutoff: i64) -> Vec<AuditEvent> {
+        let n = self.audit.iter().take_while(|e| e.at_ms < cutoff).count();
+        if n == 0 {
+            return Vec::new();
+        }
+        let rest = self.audit.split_off(n);
+        let moved = std::mem::replace(&mut self.audit, rest);
+        if let Some(last) = moved.last() {
+            self.audit_base = AuditBase {
+                count: last.seq,
+                head: last.hash.clone(),
+            };
+        }
+        moved.into_iter().collect()
+    }
 }

@@ -19,8 +19,12 @@ impl State {
         let n = self.audit.len();
         if n > 0 {
             let last = &self.audit[n - 1];
-            let linked = n == 1 || last.prev_hash == self.audit[n - 2].hash;
-            if !linked || last.seq != n as u64 || super::audit_hash(last) != last.hash {
+            let prev = match n {
+                1 => &self.audit_base.head,
+                _ => &self.audit[n - 2].hash,
+            };
+            let seq = self.audit_base.count + n as u64;
+            if last.prev_hash != *prev || last.seq != seq || super::audit_hash(last) != last.hash {
                 return Err(format!("audit chain broken at event {n}"));
             }
         }
@@ -37,7 +41,7 @@ impl State {
     /// Check every invariant; the first one broken, in words.
     pub fn check(&self) -> Result<(), String> {
         self.check_model()?;
-        if let Err(seq) = verify_audit_chain(&self.audit) {
+        if let Err(seq) = verify_audit_chain(&self.audit_base, &self.audit) {
             return Err(format!("audit chain broken at event {seq}"));
         }
         self.check_dedup()

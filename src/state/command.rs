@@ -334,9 +334,11 @@ impl Refusal {
 
 pub type ApplyResult = Result<Outcome, Refusal>;
 
-/// What one apply decided: the answer, and the monotone facts for the revocation journal.
+/// What one apply decided: the answer, the monotone facts for the revocation journal, and the
+/// audit events it moved out of the state, for the member's archive (oldest first).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Applied {
     pub result: ApplyResult,
     pub facts: Vec<Fact>,
+    pub archived: Vec<super::AuditEvent>,
 }

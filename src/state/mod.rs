@@ -52,7 +52,9 @@ mod reapply;
 mod retention;
 pub mod sched;
 
+pub use audit::AuditBase;
 pub use audit::AuditEvent;
+pub use audit::GENESIS;
 pub use audit::audit_hash;
 pub use audit::verify_audit_chain;
 pub use command::Applied;
@@ -81,6 +83,8 @@ pub use modelforge_proto::ids::NodeId;
 pub use modelforge_proto::ids::PreviewId;
 pub use modelforge_proto::ids::TokenId;
 pub use retention::RETENTION_MS;
+pub use retention::TEST_RETENTION_ENV;
+pub use retention::windows as retention_windows;
 
 /// How many history events a node keeps (oldest dropped first).
 pub const HISTORY_PER_NODE: usize = 256;
@@ -110,8 +114,12 @@ pub struct State {
     pub identities: OrdMap<String, NodeId>,
     #[serde(deserialize_with = "persist::map")]
     pub credentials: OrdMap<CredentialId, Credential>,
+    /// The live audit trail: the events after `audit_base` (older ones are in each member's
+    /// archive file, see ARCHITECTURE.md "The archive").
     #[serde(deserialize_with = "persist::vector")]
     pub audit: Vector<AuditEvent>,
+    /// How many events were archived, and the hash of the last: the chain's proof of them.
+    pub audit_base: AuditBase,
     /// request id -> (applied at, answer).
     #[serde(deserialize_with = "persist::map")]
     pub dedup: OrdMap<String, (i64, ApplyResult)>,
@@ -141,11 +149,12 @@ impl State {
         self.last_applied_index = log_index;
         let now = self.clock_ms;
         self.prune_dedup(now);
-        self.prune_on_the_hour(before);
+        let archived = self.prune_on_the_hour(before);
         if let Some((_, answer)) = self.dedup.get(&env.request_id) {
             return Applied {
                 result: answer.clone(),
                 facts: Vec::new(),
+                archived,
             };
         }
         let mut facts = Vec::new();
@@ -179,7 +188,11 @@ impl State {
         if let Err(broken) = self.check_after_apply() {
             panic!("invariant broken after applying index {log_index}: {broken}");
         }
-        Applied { result, facts }
+        Applied {
+            result,
+            facts,
+            archived,
+        }
     }
 
     fn execute(

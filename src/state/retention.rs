@@ -11,11 +11,15 @@
 //!   [`DECOMMISSIONED_HISTORY`] events (the node itself stays, a tombstone that keeps its id
 //!   and identity from ever being used again).
 //!
+//! - audit events older than that: they move to each member's archive file (the state keeps
+//!   the chain's base, so the whole trail is still proven; see `audit.rs`).
+//!
 //! Nothing pruned can be used again: an unknown token or credential is refused exactly like a
 //! spent or revoked one (401), so forgetting never lets anything back in.
 
 use std::collections::BTreeSet;
 
+use super::AuditEvent;
 use super::CredentialId;
 use super::NodeId;
 use super::State;
@@ -29,17 +33,43 @@ pub const DECOMMISSIONED_HISTORY: usize = 8;
 /// How often (in leader time) apply prunes.
 pub const PRUNE_EVERY_MS: i64 = 3600 * 1000;
 
-impl State {
-    /// Prune if the clock, moving from `before` to the current clock, entered a new period.
-    pub(super) fn prune_on_the_hour(&mut self, before: i64) {
-        if before.div_euclid(PRUNE_EVERY_MS) != self.clock_ms.div_euclid(PRUNE_EVERY_MS) {
-            self.prune_finished(self.clock_ms);
+/// The environment variable that shortens [`RETENTION_MS`] for tests over real processes (a
+/// month of retention seen in seconds). Never for production: every member of a cluster must
+/// have the same value or their states diverge (which their state digests would show).
+pub const TEST_RETENTION_ENV: &str = "MODELFORGE_TEST_RETENTION_MS";
+
+/// The retention window and the pruning period this process applies: the constants, unless
+/// [`TEST_RETENTION_ENV`] is set (then a quarter of it, at least 100 ms, between prunes). Read
+/// once, so constant for the life of the process (apply stays a function of its input).
+pub fn windows() -> (i64, i64) {
+    static WINDOWS: std::sync::OnceLock<(i64, i64)> = std::sync::OnceLock::new();
+    *WINDOWS.get_or_init(|| {
+        match std::env::var(TEST_RETENTION_ENV)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|v| *v > 0)
+        {
+            Some(r) => (r, (r / 4).max(100)),
+            None => (RETENTION_MS, PRUNE_EVERY_MS),
         }
+    })
+}
+
+impl State {
+    /// Prune if the clock, moving from `before` to the current clock, entered a new period;
+    /// the audit events moved out of the state.
+    pub(super) fn prune_on_the_hour(&mut self, before: i64) -> Vec<AuditEvent> {
+        let every = windows().1;
+        if before.div_euclid(every) != self.clock_ms.div_euclid(every) {
+            return self.prune_finished(self.clock_ms);
+        }
+        Vec::new()
     }
 
-    /// Drop what finished before `now - RETENTION_MS` (see the module's documentation).
-    pub fn prune_finished(&mut self, now: i64) {
-        let cutoff = now - RETENTION_MS;
+    /// Drop what finished before `now - RETENTION_MS` (see the module's documentation); the
+    /// audit events older than that leave the state for the archive and are returned.
+    pub fn prune_finished(&mut self, now: i64) -> Vec<AuditEvent> {
+        let cutoff = now - windows().0;
         let revoked: Vec<(CredentialId, NodeId)> = self
             .credentials
             .values()
@@ -98,5 +128,6 @@ impl State {
                 n.history.drain(..drop);
             }
         }
+        self.archive_audit_before(cutoff)
     }
 }

@@ -310,14 +310,23 @@ fn audit_chain_detects_tampering() {
     enroll(&mut s, "r2", 1002, "t1", "keyB", "nB", "c2").unwrap_err();
     assert_eq!(s.audit.len(), 3);
     assert_eq!(s.audit[2].result, "token_already_claimed");
-    assert_eq!(verify_audit_chain(&s.audit), Ok(()));
+    assert_eq!(
+        verify_audit_chain(&crate::state::AuditBase::default(), &s.audit),
+        Ok(())
+    );
     let mut edited = s.audit.clone();
     edited[1].actor = "someone-else".into();
-    assert_eq!(verify_audit_chain(&edited), Err(2));
+    assert_eq!(
+        verify_audit_chain(&crate::state::AuditBase::default(), &edited),
+        Err(2)
+    );
     let mut dropped = s.audit.clone();
     dropped.remove(1);
     // The event after the dropped one is the first out of sequence.
-    assert_eq!(verify_audit_chain(&dropped), Err(3));
+    assert_eq!(
+        verify_audit_chain(&crate::state::AuditBase::default(), &dropped),
+        Err(3)
+    );
 }
 
 #[test]
@@ -508,7 +517,10 @@ fn decommission_preview_then_execute_revokes_disables_and_never_deletes() {
             ("node.decommission.preview", "nA", "ok")
         ]
     );
-    assert_eq!(verify_audit_chain(&s.audit), Ok(()));
+    assert_eq!(
+        verify_audit_chain(&crate::state::AuditBase::default(), &s.audit),
+        Ok(())
+    );
     // The identity can never enrol again.
     create(&mut s, "t3", 3000);
     let e = enroll(&mut s, "r3", 3001, "t3", "keyA", "nZ", "cZ").unwrap_err();
@@ -1083,7 +1095,7 @@ fn operators_are_named_once_keep_only_a_hash_and_reasons_reach_the_audit_trail()
     // The reason is part of the chain: editing it breaks verification.
     let mut edited = s.audit.clone();
     edited.back_mut().unwrap().reason = Some("routine".into());
-    assert!(verify_audit_chain(&edited).is_err());
+    assert!(verify_audit_chain(&crate::state::AuditBase::default(), &edited).is_err());
 }
 
 /// Issue 16 (bounded state): once an hour of leader time apply forgets revoked credentials,
@@ -1177,4 +1189,85 @@ fn finished_tokens_revoked_credentials_and_smokes_are_forgotten_after_retention(
     assert_eq!(na.history.len(), DECOMMISSIONED_HISTORY);
     assert!(na.decommissioned_at_ms.is_some() && s.identities.contains_key(&na.public_key));
     s.check().unwrap();
+}
+
+/// Issue 16 item 4: audit events older than the retention window leave the state at the
+/// hourly prune, returned by that apply for the archive; the state keeps the base (count and
+/// head hash), the next event continues the sequence and the chain, and archived ++ live
+/// verifies from the genesis hash, on a replica and after a snapshot round trip alike.
+#[test]
+fn old_audit_events_move_to_the_archive_and_the_chain_still_proves_the_whole_trail() {
+    use super::retention::PRUNE_EVERY_MS;
+    let mut s = State::default();
+    for i in 0..5 {
+        create(&mut s, &format!("t{i}"), 1_000 + i);
+    }
+    let mut replica = s.clone();
+    // In a new hour, but within the window of the first five: nothing archived yet.
+    let late = 990 + RETENTION_MS;
+    create(&mut s, "late", late);
+    let head_before = s.audit[4].hash.clone();
+    // The first apply of a new hour, past the window of the first five.
+    let later = late + PRUNE_EVERY_MS;
+    let applied = s.apply(
+        9,
+        &env(
+            "cancel-late",
+            later,
+            Command::CancelToken {
+                token_id: "late".into(),
+                reason: Some("done".into()),
+            },
+        ),
+    );
+    applied.result.unwrap();
+    let archived = applied.archived;
+    assert_eq!(
+        archived.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert_eq!(
+        s.audit_base,
+        crate::state::AuditBase {
+            count: 5,
+            head: head_before
+        }
+    );
+    assert_eq!(
+        s.audit.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![6, 7]
+    );
+    s.check().unwrap();
+    s.check_after_apply().unwrap();
+    let whole: Vec<_> = archived.iter().chain(s.audit.iter()).cloned().collect();
+    assert_eq!(
+        verify_audit_chain(&crate::state::AuditBase::default(), &whole),
+        Ok(())
+    );
+    // The live part alone verifies only from the base, not from the genesis.
+    assert!(verify_audit_chain(&crate::state::AuditBase::default(), &s.audit).is_err());
+    // A forged base breaks the live chain.
+    let mut forged = s.clone();
+    forged.audit_base.head = "f".repeat(64);
+    assert!(forged.check().is_err());
+    // The same entries archive the same events on a replica.
+    create(&mut replica, "late", late);
+    let again = replica.apply(
+        9,
+        &env(
+            "cancel-late",
+            later,
+            Command::CancelToken {
+                token_id: "late".into(),
+                reason: Some("done".into()),
+            },
+        ),
+    );
+    assert_eq!(again.archived, archived);
+    assert_eq!(replica, s);
+    // The base survives a snapshot.
+    let bytes = modelforge_raft::codec::encode(&s).unwrap();
+    let back: State = modelforge_raft::codec::decode(&bytes).unwrap();
+    assert_eq!(back, s);
+    back.check().unwrap();
 }

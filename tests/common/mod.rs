@@ -373,6 +373,8 @@ pub struct Cluster {
     ports: Vec<u16>,
     procs: Vec<Option<Proc>>,
     extra: Vec<String>,
+    /// Environment variables every member gets besides [`MEMBER_ENV`].
+    pub env: Vec<(String, String)>,
     pub scratch: Scratch,
 }
 
@@ -397,6 +399,7 @@ impl Cluster {
             ports: (0..n).map(|_| free_port()).collect(),
             procs: (0..n).map(|_| None).collect(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: vec![],
             scratch: Scratch::new(),
         }
     }
@@ -442,7 +445,9 @@ impl Cluster {
         }
         .args();
         let log = self.root().join(format!("m{id}.log"));
-        self.procs[(id - 1) as usize] = Some(spawn(&server_bin(), &args, &log, &MEMBER_ENV));
+        let mut env: Vec<(&str, &str)> = MEMBER_ENV.to_vec();
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.procs[(id - 1) as usize] = Some(spawn(&server_bin(), &args, &log, &env));
     }
 
     pub fn alive(&mut self, id: u64) -> bool {

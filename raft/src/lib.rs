@@ -7,12 +7,15 @@
 //! - [`log_store`]: the durable Raft log and vote in redb, group-committed by one writer thread.
 //! - [`state_machine`]: adapts an [`Application`] to openraft, with snapshots on disk.
 //! - [`network`]: peer RPCs over HTTP, authenticated with the cluster secret.
+//! - [`sim`]: the deterministic simulation of a cluster (openraft, the application, a seeded
+//!   network) in one process.
 //! - [`codec`]: the one place that knows the byte layout of records and RPC bodies.
 
 pub mod codec;
 pub mod log_store;
 pub mod network;
 pub mod peer_auth;
+pub mod sim;
 pub mod state_machine;
 
 use std::collections::BTreeMap;

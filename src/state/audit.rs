@@ -109,10 +109,15 @@ pub fn verify_audit_chain<'a>(
 }
 
 impl State {
-    /// Move every event older than `cutoff` out of the state, advancing the base; the events
-    /// moved, oldest first, for the member's archive (apply itself writes nothing).
-    pub(super) fn archive_audit_before(&mut self, cutoff: i64) -> Vec<AuditEvent> {
-        let n = self.audit.iter().take_while(|e| e.at_ms < cutoff).count();
+    /// Move the events older than `cutoff` (at most `max`) out of the state, advancing the
+    /// base; the events moved, oldest first, for the member's archive (apply writes nothing).
+    pub(super) fn archive_audit_before(&mut self, cutoff: i64, max: usize) -> Vec<AuditEvent> {
+        let n = self
+            .audit
+            .iter()
+            .take(max)
+            .take_while(|e| e.at_ms < cutoff)
+            .count();
         if n == 0 {
             return Vec::new();
         }

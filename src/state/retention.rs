@@ -17,8 +17,6 @@
 //! Nothing pruned can be used again: an unknown token or credential is refused exactly like a
 //! spent or revoked one (401), so forgetting never lets anything back in.
 
-use std::collections::BTreeSet;
-
 use super::AuditEvent;
 use super::CredentialId;
 use super::NodeId;
@@ -30,6 +28,10 @@ use super::sched::SmokeState;
 pub const RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
 /// Events kept in the history of a node decommissioned longer than [`RETENTION_MS`] ago.
 pub const DECOMMISSIONED_HISTORY: usize = 8;
+/// The most audit events one prune moves to the archive: a burst (100,000 enrolments in an
+/// hour) leaves over the following hours instead of stalling apply for their whole move and
+/// write (measured: 200,000 events, about 0.6 s).
+pub const AUDIT_ARCHIVED_PER_PRUNE: usize = 10_000;
 /// How often (in leader time) apply prunes.
 pub const PRUNE_EVERY_MS: i64 = 3600 * 1000;
 
@@ -82,15 +84,24 @@ impl State {
                 n.credential_ids.retain(|c| *c != id);
             }
         }
-        let issued: BTreeSet<&TokenId> = self
-            .credentials
-            .values()
-            .filter_map(|c| c.token_id.as_ref())
-            .collect();
+        // A claimed token stays while a credential issued on it does: those are all on the
+        // claim's node (a short list), so no pass over every credential is needed.
+        let still_issued = |t: &super::Token| {
+            t.claim.as_ref().is_some_and(|c| {
+                // The claim's latest credential, most often still there: one lookup.
+                self.credentials.contains_key(&c.credential_id)
+                    || self.nodes.get(&c.node_id).is_some_and(|n| {
+                        n.credential_ids.iter().any(|id| {
+                            self.credentials
+                                .get(id)
+                                .is_some_and(|cr| cr.token_id.as_ref() == Some(&t.token_id))
+                        })
+                    })
+            })
+        };
         let ended: Vec<TokenId> = self
             .tokens
             .values()
-            .filter(|t| !issued.contains(&t.token_id))
             .filter(|t| {
                 let ended_at = match (&t.claim, t.cancelled_at_ms) {
                     (Some(c), _) => Some(c.claimed_at_ms),
@@ -99,6 +110,7 @@ impl State {
                 };
                 ended_at.is_some_and(|at| at < cutoff)
             })
+            .filter(|t| !still_issued(t))
             .map(|t| t.token_id.clone())
             .collect();
         for id in ended {
@@ -128,6 +140,6 @@ impl State {
                 n.history.drain(..drop);
             }
         }
-        self.archive_audit_before(cutoff)
+        self.archive_audit_before(cutoff, AUDIT_ARCHIVED_PER_PRUNE)
     }
 }

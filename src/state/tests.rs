@@ -1271,3 +1271,29 @@ fn old_audit_events_move_to_the_archive_and_the_chain_still_proves_the_whole_tra
     assert_eq!(back, s);
     back.check().unwrap();
 }
+
+/// A burst of old audit events leaves the state a bounded number per prune (so one prune never
+/// stalls apply for a whole burst); the base advances each time and the chain stays whole.
+#[test]
+fn audit_events_leave_at_most_a_bounded_number_per_prune() {
+    let mut s = State::default();
+    for i in 0..5 {
+        create(&mut s, &format!("t{i}"), 1_000 + i);
+    }
+    let mut archived = vec![];
+    for expected in [2, 2, 1, 0] {
+        let moved = s.archive_audit_before(10_000, 2);
+        assert_eq!(moved.len(), expected);
+        archived.extend(moved);
+        s.check().unwrap();
+    }
+    assert_eq!(s.audit_base.count, 5);
+    assert!(s.audit.is_empty());
+    assert_eq!(
+        verify_audit_chain(&crate::state::AuditBase::default(), &archived),
+        Ok(())
+    );
+    create(&mut s, "t9", 2_000);
+    assert_eq!(s.audit[0].seq, 6);
+    s.check().unwrap();
+}

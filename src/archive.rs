@@ -183,8 +183,11 @@ impl Archive {
         if start.count >= base.count {
             return Ok(0);
         }
-        let dir = self.path.parent().expect("archive dir");
-        let incoming_path = dir.join("archive.incoming");
+        let incoming_path = self.path.with_file_name(
+            Path::new(INCOMING)
+                .file_name()
+                .expect("the incoming file's name"),
+        );
         let mut incoming = std::fs::File::options()
             .create(true)
             .truncate(true)

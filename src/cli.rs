@@ -287,6 +287,11 @@ pub struct ServeArgs {
     /// off with jitter). Default: 64 per core.
     #[arg(long, env = "MODELFORGE_MAX_AGENT_REQUESTS")]
     pub max_agent_requests: Option<usize>,
+    /// Agent requests are also shed while requests that are ready wait longer than this for
+    /// the member's CPU (measured by a probe every 5 ms): the queue in socket buffers that
+    /// `--max-agent-requests` cannot see. `0s` turns it off.
+    #[arg(long, env = "MODELFORGE_SHED_QUEUE_DELAY", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub shed_queue_delay: Duration,
     /// A connection that has not sent a complete request head within this is closed (idle
     /// keep-alive connections included).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -459,6 +464,7 @@ impl ServeArgs {
                     .map(|n| n.get())
                     .unwrap_or(2)
             }),
+            shed_queue_delay: self.shed_queue_delay,
             max_connections: self
                 .max_connections
                 .unwrap_or_else(crate::server::edge::default_max_connections),

@@ -394,12 +394,15 @@ pub async fn first_heartbeats(
             async move {
                 let mut current = a.index % urls.len();
                 let mut last = None;
-                for _ in 0..5 {
+                for _ in 0..10 {
                     last = agent_heartbeat(&h, &urls, &mut current, a).await;
                     if last == Some(200) {
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    // Shed (the warm-up is itself a burst): back off as an agent does.
+                    let wait = if last == Some(503) { 1_000 } else { 200 };
+                    let jitter = u64::from(modelforge_proto::random_bytes::<2>()[0]) * 4;
+                    tokio::time::sleep(Duration::from_millis(wait + jitter)).await;
                 }
                 last
             }

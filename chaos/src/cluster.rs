@@ -157,6 +157,9 @@ impl ChaosCluster {
             &[
                 ("MODELFORGE_ADMIN_TOKEN", ADMIN),
                 ("MODELFORGE_CLUSTER_SECRET", CLUSTER_SECRET),
+                // Paused members and a loaded machine delay the runtime without overload of
+                // its own (see tests/common's MEMBER_ENV).
+                ("MODELFORGE_SHED_QUEUE_DELAY", "250ms"),
             ],
             &log,
             true,

@@ -261,6 +261,13 @@ pub struct AdmissionView {
     /// second in which requests were shed, halved each second in which none were.
     #[serde(default)]
     pub retry_after_s: u64,
+    /// How long requests that are ready wait for this member's CPU now (milliseconds).
+    #[serde(default)]
+    pub queue_delay_ms: f64,
+    /// Agent requests are shed while `queue_delay_ms` is above this (`--shed-queue-delay`;
+    /// zero: never).
+    #[serde(default)]
+    pub shed_queue_delay_ms: f64,
 }
 
 /// The leader's pool of credentials minted ahead, in `GET /api/v1/cluster`.

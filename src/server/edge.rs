@@ -370,15 +370,92 @@ impl ShedBackoff {
     }
 }
 
+/// How long a request that is ready waits for the runtime: the queue that admission slots
+/// cannot see. A heartbeat costs little in its handler; under overload its bytes wait in the
+/// socket buffers and its connection's task waits in the runtime's run queue, so slots stay
+/// free while latency grows. A probe task sleeps [`QueueDelay::PROBE`] in a loop and records
+/// how late the runtime woke it, which is what a connection woken by its socket waits too.
+/// The member is over its target while the last probe woke later than the target, or while
+/// the probe now due is already later than it (so a sudden flood is seen as soon as the
+/// queue is that long, not when the probe finally runs), or while the runtime's shared queue
+/// of ready tasks is deep (see [`QueueDelay::INJECTED_READY_MAX`]). A target of zero turns
+/// it off.
+pub struct QueueDelay {
+    origin: Instant,
+    target_us: u64,
+    /// How late the last probe woke, in microseconds.
+    late_us: AtomicU64,
+    /// When the probe sleeping now is due, in microseconds from `origin`.
+    due_us: AtomicU64,
+}
+
+impl QueueDelay {
+    pub const PROBE: Duration = Duration::from_millis(5);
+    /// Ready tasks in the runtime's shared queue beyond which the member is over target
+    /// whatever the probe says. A worker queues what becomes ready in a local queue of 256
+    /// tasks; what overflows goes to the shared queue, which a busy worker takes from only
+    /// once every 31 tasks, so those connections wait far longer than the probe (which sits in
+    /// a local queue). Measured (docs/performance-log.md, 2026-12-05): at a flood's onset the
+    /// probe alone let the admitted p99 reach 60-67 ms; with this, 19 ms.
+    const INJECTED_READY_MAX: usize = 64;
+
+    pub fn new(target: Duration) -> Self {
+        Self {
+            origin: Instant::now(),
+            target_us: target.as_micros() as u64,
+            late_us: AtomicU64::new(0),
+            due_us: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    /// Is a request that is ready now waiting longer than the target?
+    pub fn over_target(&self) -> bool {
+        self.target_us > 0
+            && (self.late_us.load(Ordering::Relaxed) > self.target_us
+                || self
+                    .now_us()
+                    .saturating_sub(self.due_us.load(Ordering::Relaxed))
+                    > self.target_us
+                || tokio::runtime::Handle::try_current()
+                    .is_ok_and(|rt| rt.metrics().global_queue_depth() > Self::INJECTED_READY_MAX))
+    }
+
+    /// The queue delay measured last, in milliseconds (the probe now overdue, if later).
+    pub fn current_ms(&self) -> f64 {
+        let overdue = self
+            .now_us()
+            .saturating_sub(self.due_us.load(Ordering::Relaxed));
+        self.late_us.load(Ordering::Relaxed).max(overdue) as f64 / 1000.0
+    }
+
+    /// The probe: runs until the member stops.
+    pub async fn probe(self: Arc<Self>) {
+        loop {
+            let due = self.now_us() + Self::PROBE.as_micros() as u64;
+            self.due_us.store(due, Ordering::Relaxed);
+            tokio::time::sleep(Self::PROBE).await;
+            let late = self.now_us().saturating_sub(due);
+            // The timer wheel rounds a sleep up to its next millisecond: not queueing.
+            self.late_us
+                .store(late.saturating_sub(1_000), Ordering::Relaxed);
+        }
+    }
+}
+
 /// Admission control of agent requests (heartbeats, inventory, smoke reports) on the member
 /// that processes them: the body is read first (bounded in size and time, holding no slot, so
 /// slow bodies cannot take slots from others), then a slot is taken without waiting; with none
-/// free the request is shed at once with 503 `over_capacity` and a `Retry-After` that grows
+/// free, or while ready requests wait longer than the queue-delay target ([`QueueDelay`]),
+/// the request is shed at once with 503 `over_capacity` and a `Retry-After` that grows
 /// while shedding goes on ([`ShedBackoff`]), costing no
 /// JSON parse, no secret check and no write. The slot is held while the request works on the
 /// CPU, and given back before it waits on the argon2 pool or a replicated write (both bounded
-/// on their own; see [`leave_admission`]). Work in progress stays bounded, so the latency of
-/// the requests admitted stays bounded under any offered load.
+/// on their own; see [`leave_admission`]). Work in progress and the wait before it stay
+/// bounded, so the latency of the requests admitted stays bounded under any offered load.
 pub async fn admit_agent(
     axum::extract::State(ctx): axum::extract::State<super::Shared>,
     req: axum::extract::Request,
@@ -392,7 +469,11 @@ pub async fn admit_agent(
             Ok(Err(_)) => return ApiError::too_large().into_response(),
             Err(_) => return ApiError::of(ErrorCode::RequestTimeout).into_response(),
         };
-    let Ok(slot) = ctx.agent_slots.clone().try_acquire_owned() else {
+    let slot = match ctx.agent_slots.clone().try_acquire_owned() {
+        Ok(slot) if !ctx.queue_delay.over_target() => Some(slot),
+        _ => None,
+    };
+    let Some(slot) = slot else {
         ctx.checks
             .shed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -437,7 +518,40 @@ pub async fn request_deadline(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::QueueDelay;
     use super::ShedBackoff;
+
+    /// Wait (up to 10 s) until `f` holds.
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_runtime_kept_from_its_ready_tasks_is_over_the_queue_delay_target_until_it_runs_them()
+    {
+        let q = Arc::new(QueueDelay::new(Duration::from_millis(5)));
+        let probe = tokio::spawn(q.clone().probe());
+        let armed = || q.due_us.load(std::sync::atomic::Ordering::Relaxed) != u64::MAX;
+        until("the probe sleeps, on time", || armed() && !q.over_target()).await;
+        // The runtime's only thread busy for 40 ms: the probe is overdue at once, before it
+        // runs again (the onset of a flood is seen while the flood is still queued).
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(q.over_target(), "queue delay {} ms", q.current_ms());
+        assert!(q.current_ms() >= 30.0, "queue delay {} ms", q.current_ms());
+        until("the probe catches up", || !q.over_target()).await;
+        // Off: never over, however late.
+        let off = QueueDelay::new(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!off.over_target());
+        probe.abort();
+    }
 
     #[test]
     fn retry_after_doubles_while_shedding_goes_on_and_halves_when_it_stops() {

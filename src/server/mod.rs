@@ -80,6 +80,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Agent requests processed at once (see `edge::admit_agent`).
     pub max_agent_requests: usize,
+    /// Agent requests are shed while ready requests wait longer than this (zero: never).
+    pub shed_queue_delay: Duration,
     /// Connection slots of the listener (see `edge`).
     pub max_connections: usize,
     pub header_read_timeout: Duration,
@@ -129,6 +131,8 @@ pub struct Ctx {
     pub agent_slots: Arc<tokio::sync::Semaphore>,
     /// The `Retry-After` of a shed agent request, growing while shedding goes on.
     pub shed_backoff: edge::ShedBackoff,
+    /// How long ready requests wait for the runtime (agent requests are shed beyond a target).
+    pub queue_delay: Arc<edge::QueueDelay>,
     /// Nodes with a scheduler reconcile in flight (at most one each).
     pub reconciling: std::sync::Mutex<std::collections::HashSet<modelforge_proto::ids::NodeId>>,
     /// One argon2 check at a time per credential id (see `budget::IdLocks`).
@@ -308,6 +312,7 @@ pub async fn serve_on(
     // plus one interval, so shedding alone never makes a node stale.
     let shed_backoff =
         edge::ShedBackoff::new((cfg.thresholds.stale_after_ms / 4_000).max(1) as u64);
+    let queue_delay = Arc::new(edge::QueueDelay::new(cfg.shed_queue_delay));
     let disk = crate::disk::DiskWatch::new(&cfg.data_dir, cfg.disk_reserve_bytes, now_ms());
     let ctx = Arc::new(Ctx {
         cfg,
@@ -327,6 +332,7 @@ pub async fn serve_on(
         budgets: Default::default(),
         agent_slots: Arc::new(tokio::sync::Semaphore::new(max_agent_requests)),
         shed_backoff,
+        queue_delay,
         reconciling: Default::default(),
         id_locks: Default::default(),
         disk,
@@ -356,6 +362,7 @@ pub async fn serve_on(
         until_stopped(Box::pin(mint_ahead(ctx.clone())));
     }
     until_stopped(Box::pin(return_freed_memory()));
+    until_stopped(Box::pin(ctx.queue_delay.clone().probe()));
     if let Some(store) = &store {
         let reloader = crate::tls::Reloader::new(
             store.clone(),

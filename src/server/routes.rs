@@ -240,6 +240,8 @@ pub(super) async fn cluster(
                 .saturating_sub(ctx.agent_slots.available_permits()),
             shed: ctx.checks.shed.load(relaxed),
             retry_after_s: ctx.shed_backoff.current(),
+            queue_delay_ms: ctx.queue_delay.current_ms(),
+            shed_queue_delay_ms: ctx.cfg.shed_queue_delay.as_secs_f64() * 1000.0,
         },
         disk: ctx.disk.view(),
         audit_archive: {

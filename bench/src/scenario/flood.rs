@@ -114,7 +114,7 @@ fn jitter(up_to: Duration) -> Duration {
     up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
 }
 
-/// Every agent heartbeats over its own [`RawConn`] at `interval` (first sends spread over one
+/// Every agent heartbeats over its own [`RawConn`] (all opened first) at `interval` (first sends spread over one
 /// interval) until `deadline`, open-loop: a late answer delays only that agent's next send,
 /// and its latency counts from the scheduled instant. A failed connection is opened again for
 /// the next heartbeat. With `honour_retry_after`, an agent that is shed behaves as
@@ -132,12 +132,24 @@ async fn flood(
     let cfg = modelforge_client::tls::client_config(pem, None).expect("the harness CA loads");
     let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let n = agents.len();
+    // Every agent's connection is open before the clock starts, as a fleet's are: the flood
+    // is of requests, not of TLS handshakes (tests/edge.rs floods connections).
+    let mut conns = Vec::with_capacity(n);
+    for chunk in agents.chunks(64) {
+        let opening = chunk.iter().map(|_| RawConn::connect(addr, &tls));
+        conns.extend(
+            futures_util::future::join_all(opening)
+                .await
+                .into_iter()
+                .map(Result::ok),
+        );
+    }
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(n);
-    for (k, a) in agents.iter().enumerate() {
+    for ((k, a), conn) in agents.iter().enumerate().zip(conns) {
         let (tls, addr, req) = (tls.clone(), addr.to_string(), heartbeat_request(a));
         tasks.push(tokio::spawn(async move {
-            let mut conn = RawConn::connect(&addr, &tls).await.ok();
+            let mut conn = conn;
             let mut next = start + interval.mul_f64(k as f64 / n as f64);
             let mut out = vec![];
             while next < deadline {
@@ -255,6 +267,34 @@ pub async fn run(bench: &mut Bench) {
         let sent = flood(&addr, &agents, interval, deadline, honour).await;
         let wall = start.elapsed().as_secs_f64();
         let probe = probe.await.expect("probe");
+        if std::env::var_os("FLOOD_DEBUG").is_some() {
+            let mut by: std::collections::BTreeMap<u64, (Vec<f64>, Vec<f64>, u32)> =
+                Default::default();
+            for (sched, written, done, status) in &sent {
+                let b = by
+                    .entry((*sched - start).as_millis() as u64 / 250)
+                    .or_default();
+                b.1.push((*written - *sched).as_secs_f64() * 1e3);
+                if *status == Some(200) {
+                    b.0.push((*done - *sched).as_secs_f64() * 1e3);
+                } else {
+                    b.2 += 1;
+                }
+            }
+            for (k, (mut l, mut g, sh)) in by {
+                l.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                g.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let p = |v: &Vec<f64>| v.get(v.len() * 99 / 100).copied().unwrap_or(0.0);
+                eprintln!(
+                    "{:5} ms: admitted {:6} p99 {:7.1} max {:7.1} lag p99 {:6.1} shed {sh}",
+                    k * 250,
+                    l.len(),
+                    p(&l),
+                    l.last().copied().unwrap_or(0.0),
+                    p(&g)
+                );
+            }
+        }
         let (mut lat, mut lag, mut failed, mut shed) = (vec![], vec![], 0, 0);
         for (sched, written, done, status) in &sent {
             lag.push(*written - *sched);

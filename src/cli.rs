@@ -20,8 +20,38 @@ use crate::tls::TlsSource;
 #[derive(Parser, Debug)]
 #[command(name = "modelforge", version, about = "ModelForge control plane")]
 pub struct Cli {
+    /// Log lines on stderr as `text` (for people) or `json` (one object a line, for
+    /// journald and log shippers); the level comes from `MODELFORGE_LOG` (default `info`).
+    #[arg(long, global = true, env = "MODELFORGE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Cmd,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Send log lines to stderr in `format`, at the level `MODELFORGE_LOG` names.
+pub fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MODELFORGE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // Each line carries its spans' fields (the request id among them).
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -39,6 +69,17 @@ pub enum Cmd {
     /// Cluster setup that needs no running member.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Member settings files (`--config`).
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCmd {
+    /// Check a settings file (and any flags and environment variables given with it) without
+    /// starting: print each setting's value and where it came from (flag, environment, file,
+    /// default); exit 2 naming the key of an unknown setting or a value of the wrong type.
+    Validate(Box<ServeArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -187,6 +228,11 @@ pub struct HashArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
+    /// A TOML file of settings: any flag below, named with `_` for `-` (`listen =
+    /// "0.0.0.0:7070"`, `peer = ["1=https://cp-1:7070", ...]`). A flag beats its environment
+    /// variable, which beats the file, which beats the default.
+    #[arg(long, env = "MODELFORGE_CONFIG")]
+    pub config: Option<PathBuf>,
     /// This member's Raft id (stable for the life of its data dir).
     #[arg(long, env = "MODELFORGE_NODE_ID", default_value_t = 1)]
     pub node_id: u64,
@@ -292,6 +338,10 @@ pub struct ServeArgs {
     /// `--max-agent-requests` cannot see. `0s` turns it off.
     #[arg(long, env = "MODELFORGE_SHED_QUEUE_DELAY", default_value = "5ms", value_parser = humantime::parse_duration)]
     pub shed_queue_delay: Duration,
+    /// At SIGTERM, readiness (`/readyz`) fails at once and the member keeps serving this long
+    /// before it stops accepting and drains; set it to the load balancer's check interval.
+    #[arg(long, env = "MODELFORGE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
     /// A connection that has not sent a complete request head within this is closed (idle
     /// keep-alive connections included).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -465,6 +515,7 @@ impl ServeArgs {
                     .unwrap_or(2)
             }),
             shed_queue_delay: self.shed_queue_delay,
+            shutdown_delay: self.shutdown_delay,
             max_connections: self
                 .max_connections
                 .unwrap_or_else(crate::server::edge::default_max_connections),

@@ -90,6 +90,7 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code.as_str().to_string(),
                 message: self.message,
+                request_id: crate::server::observe::current_request_id(),
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();

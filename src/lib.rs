@@ -9,6 +9,7 @@ pub mod app;
 pub mod archive;
 pub mod backup;
 pub mod cli;
+pub mod config;
 pub mod disk;
 pub mod error;
 #[doc(hidden)]

@@ -1,9 +1,6 @@
 //! `modelforge`: parse flags, set up logging, run.
 
-use clap::Parser;
-use modelforge::cli::Cli;
 use modelforge::cli::Cmd;
-use tracing_subscriber::EnvFilter;
 
 fn main() {
     // Before any thread exists: the allocator's settings hold for every arena.
@@ -35,15 +32,8 @@ fn tune_allocator() {
 
 async fn run() {
     modelforge::tls::install_provider();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("MODELFORGE_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let cli = Cli::parse();
+    let cli = modelforge::config::parse();
+    modelforge::cli::init_logs(cli.log_format);
     let result = match cli.command {
         Cmd::Admin(args) => std::process::exit(modelforge::admin_cli::run(*args).await),
         Cmd::Serve(args) => match modelforge::cli::private_files()
@@ -55,6 +45,18 @@ async fn run() {
         Cmd::Argon2Bench(args) => modelforge::cli::argon2_bench(&args),
         Cmd::Restore(args) => {
             modelforge::cli::private_files().and_then(|()| modelforge::cli::restore(&args))
+        }
+        Cmd::Config(modelforge::cli::ConfigCmd::Validate(_)) => {
+            match modelforge::config::describe(std::env::args_os().collect()) {
+                Ok(text) => {
+                    print!("{text}");
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("modelforge: {e:#}");
+                    std::process::exit(2);
+                }
+            }
         }
         Cmd::Cluster(modelforge::cli::ClusterCmd::InitCa { out }) => modelforge::tls::init_ca(&out)
             .map(|()| {

@@ -241,6 +241,11 @@ impl Hasher {
     }
 
     /// How many argon2 verifies this member has run.
+    /// Jobs waiting for an argon2 worker now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn verify_count(&self) -> u64 {
         self.verifies.load(Ordering::Relaxed)
     }

@@ -352,6 +352,18 @@ pub struct Readiness {
     pub leader_id: Option<u64>,
     pub commit_index: u64,
     pub applied_index: u64,
+    /// Each check (`leader`, `caught_up`, `disk`, `serving`); ready when every one is ok.
+    #[serde(default)]
+    pub checks: Vec<ReadinessCheck>,
+}
+
+/// One check of `GET /readyz`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReadinessCheck {
+    pub name: String,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// `GET /internal/v1/status`: whether the member belongs to a cluster yet.

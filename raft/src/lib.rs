@@ -13,6 +13,7 @@
 
 pub mod codec;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod peer_auth;
 pub mod sim;
@@ -293,6 +294,18 @@ impl<A: Application> Consensus<A> {
 
     /// Propose `command` and wait until it is applied here, returning the application's answer.
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>, WriteError> {
+        let m = &metrics::METRICS;
+        m.proposals_pending.inc();
+        let result = self.write_once(command).await;
+        m.proposals_pending.dec();
+        match &result {
+            Ok(_) => m.proposals_committed.inc(),
+            Err(_) => m.proposals_failed.inc(),
+        };
+        result
+    }
+
+    async fn write_once(&self, command: Vec<u8>) -> Result<Vec<u8>, WriteError> {
         match self.raft.client_write(AppRequest(command)).await {
             Ok(resp) => Ok(resp.data.0),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {

@@ -245,7 +245,11 @@ fn writer(
         let wrote_vote = batch
             .iter()
             .any(|(op, _)| matches!(op, Op::Put(KEY_VOTE, _)));
+        let started = std::time::Instant::now();
         let mut result = write_batch(&db, &batch).map_err(|e| e.to_string());
+        crate::metrics::METRICS
+            .fsync
+            .observe(crate::metrics::secs(started.elapsed()));
         if result.is_ok() && wrote_vote && !has_marker {
             result = write_marker(&marker)
                 .map_err(|e| format!("write marker {}: {e}", marker.display()));

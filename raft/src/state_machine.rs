@@ -380,6 +380,9 @@ impl<A: Application> RaftSnapshotBuilder<C> for StateMachine<A> {
         let data = tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file))
             .await
             .map_err(io::Error::other)??;
+        crate::metrics::METRICS
+            .snapshot_build
+            .observe(crate::metrics::secs(build.started.elapsed()));
         tracing::info!(
             last_log_id = ?meta.last_log_id,
             bytes = data.len(),
@@ -439,6 +442,7 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
         meta: &SnapshotMetaOf<C>,
         snapshot: Self::SnapshotData,
     ) -> Result<(), io::Error> {
+        let started = std::time::Instant::now();
         // Checked and decoded off the async workers, reading the file once more: the decoded
         // state is the only copy of the snapshot in memory.
         let (mut data, file) = tokio::task::spawn_blocking(move || {
@@ -473,6 +477,9 @@ impl<A: Application> RaftStateMachine<C> for StateMachine<A> {
         })
         .await
         .map_err(io::Error::other)??;
+        crate::metrics::METRICS
+            .snapshot_install
+            .observe(crate::metrics::secs(started.elapsed()));
         tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
         Ok(())
     }

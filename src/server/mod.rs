@@ -15,6 +15,7 @@ pub mod edge;
 mod extract;
 mod forward;
 mod members;
+pub mod observe;
 mod operators;
 mod peer;
 pub mod peer_auth;
@@ -82,6 +83,8 @@ pub struct ServeConfig {
     pub max_agent_requests: usize,
     /// Agent requests are shed while ready requests wait longer than this (zero: never).
     pub shed_queue_delay: Duration,
+    /// How long readiness fails before the member stops accepting, at shutdown.
+    pub shutdown_delay: Duration,
     /// Connection slots of the listener (see `edge`).
     pub max_connections: usize,
     pub header_read_timeout: Duration,
@@ -133,6 +136,10 @@ pub struct Ctx {
     pub shed_backoff: edge::ShedBackoff,
     /// How long ready requests wait for the runtime (agent requests are shed beyond a target).
     pub queue_delay: Arc<edge::QueueDelay>,
+    /// What this member counts for `GET /metrics`.
+    pub metrics: observe::Metrics,
+    /// The member's stop switch (readiness fails once it is draining).
+    pub stopping: Shutdown,
     /// Nodes with a scheduler reconcile in flight (at most one each).
     pub reconciling: std::sync::Mutex<std::collections::HashSet<modelforge_proto::ids::NodeId>>,
     /// One argon2 check at a time per credential id (see `budget::IdLocks`).
@@ -163,16 +170,31 @@ const TOUCH_BATCH: usize = 2000;
 const TOUCH_MIN_ADVANCE_MS: i64 = 30_000;
 
 /// One switch that stops a member: the HTTP server and every background loop watch it.
+/// Draining comes first: readiness fails while the member still serves (see `serve`).
 #[derive(Clone, Default)]
-pub struct Shutdown(Arc<tokio::sync::watch::Sender<bool>>);
+pub struct Shutdown(
+    Arc<tokio::sync::watch::Sender<bool>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 impl Shutdown {
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Fail readiness from now on; the member serves on until [`Shutdown::trigger`].
+    pub fn drain(&self) {
+        self.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Is the member shutting down (draining or stopped)?
+    pub fn draining(&self) -> bool {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Stop the member (idempotent).
     pub fn trigger(&self) {
+        self.drain();
         self.0.send_replace(true);
     }
 
@@ -198,8 +220,17 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let stop = Shutdown::new();
     let switch = stop.clone();
+    let delay = cfg.shutdown_delay;
     tokio::spawn(async move {
         shutdown.await;
+        // Readiness fails first, so that load balancers stop sending before accepting stops.
+        switch.drain();
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        tracing::info!(
+            delay_ms = delay.as_millis() as u64,
+            "shutting down: readiness fails now"
+        );
+        tokio::time::sleep(delay).await;
         switch.trigger();
     });
     serve_on(listener, cfg, stop).await.map(|_| ())
@@ -333,6 +364,8 @@ pub async fn serve_on(
         agent_slots: Arc::new(tokio::sync::Semaphore::new(max_agent_requests)),
         shed_backoff,
         queue_delay,
+        metrics: Default::default(),
+        stopping: stop.clone(),
         reconciling: Default::default(),
         id_locks: Default::default(),
         disk,
@@ -363,6 +396,7 @@ pub async fn serve_on(
     }
     until_stopped(Box::pin(return_freed_memory()));
     until_stopped(Box::pin(ctx.queue_delay.clone().probe()));
+    until_stopped(Box::pin(observe::notify_ready(ctx.clone())));
     if let Some(store) = &store {
         let reloader = crate::tls::Reloader::new(
             store.clone(),

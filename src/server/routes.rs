@@ -3,7 +3,6 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use modelforge_proto::api;
@@ -136,7 +135,9 @@ pub fn router(ctx: Shared) -> Router {
         .layer(DefaultBodyLimit::disable());
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/livez", get(super::observe::livez))
+        .route("/readyz", get(super::observe::readyz))
+        .route("/metrics", get(super::observe::metrics))
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/cluster/state-digest", get(admin::state_digest))
         .route("/api/v1/cluster/ca", get(cluster_ca))
@@ -154,6 +155,11 @@ pub fn router(ctx: Shared) -> Router {
             ctx.clone(),
             super::edge::request_deadline,
         ))
+        // Outermost: every answer carries the request id and is counted.
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            super::observe::observe,
+        ))
         .with_state(ctx)
 }
 
@@ -162,23 +168,6 @@ pub(super) async fn healthz() -> Response {
         status: "ok".into(),
     })
     .into_response()
-}
-
-pub(super) async fn readyz(State(ctx): State<Shared>) -> Response {
-    let s = ctx.consensus.status();
-    let ready = s.leader_id.is_some() && s.applied_index >= s.commit_index;
-    let body = api::Readiness {
-        ready,
-        leader_id: s.leader_id,
-        commit_index: s.commit_index,
-        applied_index: s.applied_index,
-    };
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, axum::Json(body)).into_response()
 }
 
 /// `GET /api/v1/cluster/ca` (no auth): the cluster CA certificate as PEM text, for agents that

@@ -93,7 +93,16 @@ pub(super) async fn hand_over_leadership(ctx: &Shared) {
 
 /// Track when this member became leader (the grace window of node status starts there).
 pub(super) async fn watch_leadership(ctx: Shared) {
+    let mut known = None;
     loop {
+        // Changes of leader as this member sees them (etcd's leader_changes_seen).
+        let leader = ctx.consensus.leader().map(|(id, _)| id);
+        if leader.is_some() && leader != known {
+            if known.is_some() {
+                ctx.metrics.leader_changes.inc();
+            }
+            known = leader;
+        }
         if ctx.consensus.is_leader() {
             let term = ctx.consensus.current_term();
             if ctx.live.on_leader(term, now_ms()) {

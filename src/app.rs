@@ -26,6 +26,8 @@ pub struct Replicated {
     verified: Mutex<HashMap<String, [u8; 32]>>,
     journal: std::sync::OnceLock<std::sync::Arc<crate::journal::Journal>>,
     archive: std::sync::OnceLock<std::sync::Arc<crate::archive::Archive>>,
+    /// What `X-Modelforge-Index` answers: advanced by every apply, marked by live changes.
+    pub view: crate::view_index::ViewIndex,
 }
 
 /// See [`Replicated::cached`].
@@ -132,6 +134,7 @@ impl Application for Replicated {
                 if let Some(j) = self.journal.get() {
                     j.append(log_index, facts);
                 }
+                self.view.applied(log_index);
                 // On disk before the apply returns, so before any snapshot can capture a
                 // state without them (once an hour). A disk that fails this stops the member,
                 // like a failed Raft log write: the page cache may have dropped the lines.
@@ -165,6 +168,7 @@ impl Application for Replicated {
             Err(e) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
                 state.last_applied_index = log_index;
+                self.view.applied(log_index);
                 Err(Refusal::with(
                     RefusalCode::BadCommand,
                     format!("command does not decode: {e}"),
@@ -199,7 +203,9 @@ impl Application for Replicated {
                 format!("the snapshot's state breaks an invariant: {broken}"),
             )
         })?;
+        let applied = state.last_applied_index;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        self.view.applied(applied);
         self.verified
             .lock()
             .unwrap_or_else(|p| p.into_inner())

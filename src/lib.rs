@@ -21,3 +21,4 @@ pub mod server;
 pub mod state;
 pub mod supervisor;
 pub mod tls;
+pub mod view_index;

@@ -270,6 +270,8 @@ pub enum ShardMsg {
     Get(NodeId, RpcReplyPort<(NodeLive, i64)>),
     /// Every node's live state (without telemetry rings).
     All(RpcReplyPort<(Vec<(NodeId, NodeLive)>, i64)>),
+    /// The named nodes of this shard (without telemetry rings): a page of a list.
+    Many(Vec<NodeId>, RpcReplyPort<(Vec<(NodeId, NodeLive)>, i64)>),
     /// What changed since the last share, to hand to the other members (the time is now).
     TakeShare(i64, RpcReplyPort<Vec<(NodeId, ObservedNode)>>),
     /// Record the given statuses as written and take the unflushed refusals.
@@ -482,6 +484,20 @@ impl Actor for Shard {
                     .collect();
                 let _ = reply.send((all, st.rebuilt_at_ms));
             }
+            ShardMsg::Many(ids, reply) => {
+                let some = ids
+                    .into_iter()
+                    .filter_map(|id| {
+                        let v = st.nodes.get(&id)?;
+                        let live = NodeLive {
+                            telemetry: VecDeque::new(),
+                            ..v.clone()
+                        };
+                        Some((id, live))
+                    })
+                    .collect();
+                let _ = reply.send((some, st.rebuilt_at_ms));
+            }
             ShardMsg::TakeShare(now_ms, reply) => {
                 let mut out = vec![];
                 for (id, n) in st.nodes.iter_mut() {
@@ -668,6 +684,7 @@ impl Supervision {
     }
 
     pub fn heartbeat(&self, node_id: &NodeId, at_ms: i64, telemetry: Box<str>, report: bool) {
+        self.app.view.mark();
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Heartbeat {
                 node_id: node_id.clone(),
@@ -679,6 +696,7 @@ impl Supervision {
     }
 
     pub fn report(&self, node_id: &NodeId, at_ms: i64) {
+        self.app.view.mark();
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Report {
                 node_id: node_id.clone(),
@@ -688,6 +706,7 @@ impl Supervision {
     }
 
     pub fn refused(&self, node_id: &NodeId, refusal: Refusal) {
+        self.app.view.mark();
         if let Some(s) = self.shard(node_id) {
             let _ = s.cast(ShardMsg::Refused {
                 node_id: node_id.clone(),
@@ -711,6 +730,26 @@ impl Supervision {
         let mut out = HashMap::new();
         for s in self.all_refs() {
             if let Ok((nodes, at)) = ractor::call_t!(s, ShardMsg::All, CALL_TIMEOUT_MS) {
+                out.extend(nodes.into_iter().map(|(k, v)| (k, (v, at))));
+            }
+        }
+        out
+    }
+
+    /// The live state (without telemetry rings) of the nodes named, with their shard's
+    /// rebuild time: one call per shard, however many nodes.
+    pub async fn many(&self, ids: &[NodeId]) -> HashMap<NodeId, (NodeLive, i64)> {
+        let mut by_shard: Vec<Vec<NodeId>> = vec![vec![]; self.shards];
+        for id in ids {
+            by_shard[shard_of(id, self.shards)].push(id.clone());
+        }
+        let refs = self.refs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut out = HashMap::new();
+        for (want, s) in by_shard.into_iter().zip(refs) {
+            let Some(s) = s.filter(|_| !want.is_empty()) else {
+                continue;
+            };
+            if let Ok((nodes, at)) = ractor::call_t!(s, ShardMsg::Many, CALL_TIMEOUT_MS, want) {
                 out.extend(nodes.into_iter().map(|(k, v)| (k, (v, at))));
             }
         }
@@ -746,6 +785,7 @@ impl Supervision {
 
     /// Forget live state and start again from the replicated state (this member became leader).
     pub fn rebuild(&self, at_ms: i64) {
+        self.app.view.mark();
         self.rebuilt_at_ms.store(at_ms as u64, Ordering::SeqCst);
         for s in self.all_refs() {
             let _ = s.cast(ShardMsg::Rebuild { at_ms });

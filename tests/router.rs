@@ -340,7 +340,7 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
     assert_eq!(
         stopped,
         Stopped {
-            background_tasks: 14
+            background_tasks: 15
         }
     );
     assert_eq!(

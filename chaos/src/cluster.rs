@@ -345,7 +345,39 @@ impl ChaosCluster {
         Some((d.digest, d.applied_index))
     }
 
-    /// An admin GET on the leader (through any member), retried until `timeout`.
+    /// Every page of a list (`limit=1000`, following `next`), each read as by [`Self::admin_get`]:
+    /// the items of `field` in one array.
+    pub async fn admin_get_all<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        field: &str,
+        timeout: Duration,
+    ) -> Result<T, HarnessError> {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut items = vec![];
+        let mut after: Option<String> = None;
+        loop {
+            let mut page = format!("{path}{sep}limit=1000");
+            if let Some(a) = &after {
+                page.push_str(&format!("&after={a}"));
+            }
+            let mut v: Value = self.admin_get(&page, timeout).await?;
+            if let Some(Value::Array(a)) = v.get_mut(field).map(Value::take) {
+                items.extend(a);
+            }
+            after = v.get("next").and_then(Value::as_str).map(str::to_string);
+            if after.is_none() {
+                v[field] = Value::Array(items);
+                return serde_json::from_value(v.clone()).map_err(|e| {
+                    HarnessError(format!(
+                        "GET {path}: the answer is not a {} ({e}): {v}",
+                        std::any::type_name::<T>()
+                    ))
+                });
+            }
+        }
+    }
+
     /// An admin read answered 200 by any member within `timeout`, as the endpoint's type (from
     /// `modelforge_proto::api`). An answer that does not decode is harness trouble, with the
     /// body: a drifted field is never read as missing.

@@ -422,13 +422,19 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let nodes: api::Nodes = cluster.admin_get("/api/v1/admin/hardware/nodes", t).await?;
+    let nodes: api::Nodes = cluster
+        .admin_get_all("/api/v1/admin/hardware/nodes", "nodes", t)
+        .await?;
     for n in nodes.nodes {
         let id = n.node_id.to_string();
         fin.nodes
             .insert(id.clone(), n.identity_public_key.to_string());
         let creds: api::Credentials = cluster
-            .admin_get(&format!("/api/v1/admin/hardware/nodes/{id}/credentials"), t)
+            .admin_get_all(
+                &format!("/api/v1/admin/hardware/nodes/{id}/credentials"),
+                "credentials",
+                t,
+            )
             .await?;
         // Listed oldest first.
         let mut own = vec![];
@@ -448,7 +454,7 @@ async fn read_final_state(cluster: &mut ChaosCluster) -> Result<FinalState, Harn
         fin.node_credentials.insert(id, own);
     }
     let toks: api::Enrollments = cluster
-        .admin_get("/api/v1/admin/node-enrollments", t)
+        .admin_get_all("/api/v1/admin/node-enrollments", "enrollments", t)
         .await?;
     for r in toks.enrollments {
         fin.tokens.insert(

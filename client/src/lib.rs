@@ -56,6 +56,8 @@ pub struct Failover {
     http: reqwest::Client,
     /// The `Retry-After` of the last answer that carried one (a shed or budgeted request).
     retry_after: Option<Duration>,
+    /// The `X-Modelforge-Index` of the last answer that carried one (a watchable view).
+    index: Option<u64>,
 }
 
 impl Failover {
@@ -99,6 +101,7 @@ impl Failover {
             current: 0,
             http,
             retry_after: None,
+            index: None,
         })
     }
 
@@ -110,6 +113,11 @@ impl Failover {
     /// one since the last call of this, if any.
     pub fn take_retry_after(&mut self) -> Option<Duration> {
         self.retry_after.take()
+    }
+
+    /// The `X-Modelforge-Index` of the last answer, if it carried one.
+    pub fn index(&self) -> Option<u64> {
+        self.index
     }
 
     /// The member the next request goes to first.
@@ -130,6 +138,7 @@ impl Failover {
     /// something final.
     pub async fn send(&mut self, req: &Request<'_>) -> Answer {
         self.retry_after = None;
+        self.index = None;
         let mut last = Answer::Unavailable("no member was tried".into());
         for _ in 0..self.urls.len() {
             let url = format!("{}{}", self.current(), req.path);
@@ -157,6 +166,11 @@ impl Failover {
                     {
                         self.retry_after = Some(Duration::from_secs(secs.min(3600)));
                     }
+                    self.index = resp
+                        .headers()
+                        .get("x-modelforge-index")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok());
                     let body = resp.json().await.unwrap_or(Value::Null);
                     // A member shedding load asks the client to come back later, not to move
                     // the load to another member (which would relay it to the same leader).

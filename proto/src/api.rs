@@ -432,6 +432,9 @@ pub struct Enrollment {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Enrollments {
     pub enrollments: Vec<Enrollment>,
+    /// The cursor of the next page (`after=`), or null on the last page.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{id}`.
@@ -459,6 +462,9 @@ pub struct Credentials {
     pub active: usize,
     pub revoked: usize,
     pub credentials: Vec<CredentialView>,
+    /// The cursor of the next page (`after=`), or null on the last page.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 /// `DELETE /api/v1/admin/hardware/nodes/{id}/credential`: the credentials it revoked.
@@ -516,6 +522,9 @@ pub struct AuditPage {
     pub events: Vec<AuditEventView>,
     /// Whether the whole chain (not only this page) verifies.
     pub chain_verified: bool,
+    /// The cursor of the next page (`after=`), or null on the last page.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 // ---- Scheduling and smokes.
@@ -593,6 +602,9 @@ pub struct NodeSummary {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Nodes {
     pub nodes: Vec<NodeSummary>,
+    /// The cursor of the next page (`after=`), or null on the last page.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 /// One event of a node's bounded history.

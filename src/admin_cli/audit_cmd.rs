@@ -86,11 +86,12 @@ pub(super) async fn audit_cmd(
                 })?;
                 q.push(format!("since={utc}"));
             }
-            if let Some(l) = limit {
-                q.push(format!("limit={l}"));
-            }
-            let path = format!("/api/v1/admin/audit?{}", q.join("&"));
-            let (page, v): (api::AuditPage, _) = c.get_typed(&path).await?;
+            let path = if q.is_empty() {
+                "/api/v1/admin/audit".to_string()
+            } else {
+                format!("/api/v1/admin/audit?{}", q.join("&"))
+            };
+            let (page, v): (api::AuditPage, _) = c.get_all_typed(&path, "events", *limit).await?;
             let events = &page.events;
             let seqs = events.iter().map(|e| e.record.seq.to_string()).collect();
             emit_or_quiet(args, &v, seqs, || {
@@ -122,7 +123,9 @@ pub(super) async fn audit_cmd(
             Ok(EXIT_OK)
         }
         AuditCmd::Export { out } => {
-            let v = c.get("/api/v1/admin/audit").await?;
+            let (_, v): (api::AuditPage, _) = c
+                .get_all_typed("/api/v1/admin/audit", "events", None)
+                .await?;
             let events = arr(&v["events"]);
             let head = events.last().map(|e| (s(&e["seq"]), s(&e["hash"])));
             let doc = json!({
@@ -148,7 +151,9 @@ pub(super) async fn audit_cmd(
             Ok(EXIT_OK)
         }
         AuditCmd::Verify { expect_head, .. } => {
-            let v = c.get("/api/v1/admin/audit").await?;
+            let (_, v): (api::AuditPage, _) = c
+                .get_all_typed("/api/v1/admin/audit", "events", None)
+                .await?;
             verify_and_report(
                 args,
                 &arr(&v["events"]),

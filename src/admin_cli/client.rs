@@ -72,6 +72,30 @@ impl Client {
         self.cluster.urls()
     }
 
+    /// The `X-Modelforge-Index` of the last answer, if it carried one.
+    pub fn last_index(&self) -> Option<u64> {
+        self.cluster.index()
+    }
+
+    /// Wait (a blocking query on `path`, 15 s at a time) until the view's index differs from
+    /// `index`; the new index. 0 never matches an index, so it answers at once.
+    pub async fn wait_change(&mut self, path: &str, index: u64) -> Result<u64, CallError> {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        loop {
+            self.get(&format!("{path}{sep}index={index}&wait=15s"))
+                .await?;
+            match self.last_index() {
+                Some(now) if now != index => return Ok(now),
+                Some(_) => continue,
+                None => {
+                    return Err(CallError::BadAnswer(format!(
+                        "{path}: the answer carries no X-Modelforge-Index"
+                    )));
+                }
+            }
+        }
+    }
+
     pub async fn get(&mut self, path: &str) -> Result<Value, CallError> {
         self.call(reqwest::Method::GET, path, None, None).await
     }
@@ -84,6 +108,36 @@ impl Client {
     ) -> Result<(T, Value), CallError> {
         let v = self.get(path).await?;
         typed(v, path)
+    }
+
+    /// Every page of a list (or its first `most` items), following `next` with pages of up to
+    /// 1,000: the items of `field` in one array, and `next` null unless `most` cut it short.
+    pub async fn get_all_typed<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &str,
+        field: &str,
+        most: Option<usize>,
+    ) -> Result<(T, Value), CallError> {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut items: Vec<Value> = vec![];
+        let mut after: Option<String> = None;
+        loop {
+            let want = most.map_or(1000, |m| m.saturating_sub(items.len()).clamp(1, 1000));
+            let mut page_path = format!("{path}{sep}limit={want}");
+            if let Some(a) = &after {
+                page_path.push_str(&format!("&after={}", urlencode(a)));
+            }
+            let mut v = self.get(&page_path).await?;
+            if let Some(Value::Array(a)) = v.get_mut(field).map(Value::take) {
+                items.extend(a);
+            }
+            after = v.get("next").and_then(Value::as_str).map(str::to_string);
+            let full = most.is_some_and(|m| items.len() >= m);
+            if after.is_none() || full {
+                v[field] = Value::Array(items);
+                return typed(v, path);
+            }
+        }
     }
 
     /// A write of a request body from `modelforge_proto::api`, answered with the endpoint's
@@ -203,6 +257,18 @@ impl Client {
 }
 
 /// Decode an answer as its endpoint's type, keeping the JSON.
+/// A query value with everything but unreserved characters percent-encoded.
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 fn typed<T: serde::de::DeserializeOwned>(v: Value, path: &str) -> Result<(T, Value), CallError> {
     match serde_json::from_value(v.clone()) {
         Ok(t) => Ok((t, v)),

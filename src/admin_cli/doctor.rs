@@ -355,9 +355,11 @@ pub(super) async fn doctor_cmd(
             .get_typed(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
             .await?;
         let (creds, _): (api::Credentials, _) = c
-            .get_typed(&format!(
-                "/api/v1/admin/hardware/nodes/{node_id}/credentials"
-            ))
+            .get_all_typed(
+                &format!("/api/v1/admin/hardware/nodes/{node_id}/credentials"),
+                "credentials",
+                None,
+            )
             .await?;
         let facts = Facts::from_api(&node, &creds);
         let verdict = diagnose(&facts);

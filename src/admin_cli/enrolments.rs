@@ -50,8 +50,9 @@ pub(super) async fn enrollments(
             });
         }
         EnrollmentCmd::List => {
-            let (list, v): (api::Enrollments, _) =
-                c.get_typed("/api/v1/admin/node-enrollments").await?;
+            let (list, v): (api::Enrollments, _) = c
+                .get_all_typed("/api/v1/admin/node-enrollments", "enrollments", None)
+                .await?;
             let rows = list.enrollments;
             let ids = rows.iter().map(|r| r.enrollment_id.to_string()).collect();
             emit_or_quiet(args, &v, ids, || {

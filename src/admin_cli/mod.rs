@@ -228,9 +228,17 @@ pub enum NodeCmd {
         hostname: Option<String>,
         #[arg(long)]
         enabled: Option<bool>,
+        /// Print the list again whenever it changes (blocking queries), until interrupted.
+        #[arg(long)]
+        watch: bool,
     },
     /// One node: status, conflicts, last refusal, history.
-    Show { node_id: String },
+    Show {
+        node_id: String,
+        /// Print the node again whenever it changes (blocking queries), until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
     /// A node's credentials (no hashes, ever).
     Credentials { node_id: String },
     /// Revoke a node's active credential (permanent).
@@ -268,6 +276,7 @@ pub enum AuditCmd {
         /// RFC 3339 time, e.g. 2026-12-02T10:00:00Z.
         #[arg(long)]
         since: Option<String>,
+        /// At most this many events, oldest first (all of them when absent).
         #[arg(long)]
         limit: Option<usize>,
     },
@@ -404,7 +413,7 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
             check_id("enrollment_id", enrollment_id)?
         }
         AdminCmd::Nodes(
-            NodeCmd::Show { node_id }
+            NodeCmd::Show { node_id, .. }
             | NodeCmd::Credentials { node_id }
             | NodeCmd::RevokeCredential { node_id, .. },
         )

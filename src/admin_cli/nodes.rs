@@ -110,7 +110,11 @@ pub(super) const NODE_HEADERS: [&str; 8] = [
 
 pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Result<i32, Fail> {
     match cmd {
-        NodeCmd::List { hostname, enabled } => {
+        NodeCmd::List {
+            hostname,
+            enabled,
+            watch,
+        } => {
             let mut q = vec![];
             if let Some(h) = hostname {
                 if !modelforge_proto::valid_hostname(h) {
@@ -126,68 +130,38 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
             } else {
                 format!("/api/v1/admin/hardware/nodes?{}", q.join("&"))
             };
-            let (list, v): (api::Nodes, _) = c.get_typed(&path).await?;
+            if *watch {
+                return watch_view(args, c, &path, async |c: &mut Client| {
+                    let (list, v): (api::Nodes, _) = c.get_all_typed(&path, "nodes", None).await?;
+                    Ok((v, table(&NODE_HEADERS, node_rows(&list.nodes))))
+                })
+                .await;
+            }
+            let (list, v): (api::Nodes, _) = c.get_all_typed(&path, "nodes", None).await?;
             let ids = list.nodes.iter().map(|n| n.node_id.to_string()).collect();
             emit_or_quiet(args, &v, ids, || {
                 table(&NODE_HEADERS, node_rows(&list.nodes))
             });
         }
-        NodeCmd::Show { node_id } => {
-            let (d, v): (api::NodeDetail, _) = c
-                .get_typed(&format!("/api/v1/admin/hardware/nodes/{node_id}"))
-                .await?;
-            emit_or_quiet(args, &v, vec![node_id.clone()], || {
-                let n = &d.summary;
-                let refusal = d
-                    .last_refusal
-                    .as_ref()
-                    .map(|r| format!("{} at {}", r.status, r.at));
-                let fields = [
-                    ("node_id", n.node_id.to_string()),
-                    ("hostname", n.hostname.clone()),
-                    ("status", n.status.to_string()),
-                    ("enabled", n.enabled.to_string()),
-                    ("last_heartbeat_at", opt(&n.last_heartbeat_at)),
-                    ("last_refusal", opt(&refusal)),
-                    ("active_credentials", n.active_credentials.to_string()),
-                    ("hostname_conflicts", list_text(&n.hostname_conflicts)),
-                    ("accelerators_verified", n.accelerators_verified.to_string()),
-                    ("view_rebuilt_at", n.view_rebuilt_at.clone()),
-                    ("enrolled_at", n.enrolled_at.clone()),
-                    ("decommissioned_at", opt(&n.decommissioned_at)),
-                ];
-                let mut out = String::new();
-                for (k, value) in fields {
-                    out.push_str(&format!("{k:<22} {value}\n"));
-                }
-                let gpus: Vec<String> = n
-                    .accelerators
-                    .iter()
-                    .map(|a| format!("{} ({})", a.uuid, a.name))
-                    .collect();
-                out.push_str(&format!("{:<22} {}\n", "accelerators", gpus.join(", ")));
-                out.push_str("history:\n");
-                let rows = d
-                    .history
-                    .iter()
-                    .map(|e| {
-                        vec![
-                            e.at.clone(),
-                            e.kind.to_string(),
-                            e.detail.clone(),
-                            e.count.to_string(),
-                        ]
-                    })
-                    .collect();
-                out.push_str(&table(&["AT", "EVENT", "DETAIL", "COUNT"], rows));
-                out
-            });
+        NodeCmd::Show { node_id, watch } => {
+            let path = format!("/api/v1/admin/hardware/nodes/{node_id}");
+            if *watch {
+                return watch_view(args, c, &path, async |c: &mut Client| {
+                    let (d, v): (api::NodeDetail, _) = c.get_typed(&path).await?;
+                    Ok((v, node_text(&d)))
+                })
+                .await;
+            }
+            let (d, v): (api::NodeDetail, _) = c.get_typed(&path).await?;
+            emit_or_quiet(args, &v, vec![node_id.clone()], || node_text(&d));
         }
         NodeCmd::Credentials { node_id } => {
             let (list, v): (api::Credentials, _) = c
-                .get_typed(&format!(
-                    "/api/v1/admin/hardware/nodes/{node_id}/credentials"
-                ))
+                .get_all_typed(
+                    &format!("/api/v1/admin/hardware/nodes/{node_id}/credentials"),
+                    "credentials",
+                    None,
+                )
                 .await?;
             let creds = &list.credentials;
             let active = creds
@@ -242,4 +216,97 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
         }
     }
     Ok(EXIT_OK)
+}
+
+/// A node's detail as text.
+fn node_text(d: &api::NodeDetail) -> String {
+    let n = &d.summary;
+    let refusal = d
+        .last_refusal
+        .as_ref()
+        .map(|r| format!("{} at {}", r.status, r.at));
+    let fields = [
+        ("node_id", n.node_id.to_string()),
+        ("hostname", n.hostname.clone()),
+        ("status", n.status.to_string()),
+        ("enabled", n.enabled.to_string()),
+        ("last_heartbeat_at", opt(&n.last_heartbeat_at)),
+        ("last_refusal", opt(&refusal)),
+        ("active_credentials", n.active_credentials.to_string()),
+        ("hostname_conflicts", list_text(&n.hostname_conflicts)),
+        ("accelerators_verified", n.accelerators_verified.to_string()),
+        ("view_rebuilt_at", n.view_rebuilt_at.clone()),
+        ("enrolled_at", n.enrolled_at.clone()),
+        ("decommissioned_at", opt(&n.decommissioned_at)),
+    ];
+    let mut out = String::new();
+    for (k, value) in fields {
+        out.push_str(&format!("{k:<22} {value}\n"));
+    }
+    let gpus: Vec<String> = n
+        .accelerators
+        .iter()
+        .map(|a| format!("{} ({})", a.uuid, a.name))
+        .collect();
+    out.push_str(&format!("{:<22} {}\n", "accelerators", gpus.join(", ")));
+    out.push_str("history:\n");
+    let rows = d
+        .history
+        .iter()
+        .map(|e| {
+            vec![
+                e.at.clone(),
+                e.kind.to_string(),
+                e.detail.clone(),
+                e.count.to_string(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["AT", "EVENT", "DETAIL", "COUNT"], rows));
+    out
+}
+
+/// `--watch`: print the view, then again each time its index moves (a blocking query), until
+/// interrupted. JSON is one compact document a line; a table redraws the terminal (or, when
+/// stdout is not a terminal, follows a `# index N` line). An error is reported and the watch
+/// starts over from index 0 a second later (a leader change, a member restarting).
+async fn watch_view(
+    args: &AdminArgs,
+    c: &mut Client,
+    path: &str,
+    mut render: impl AsyncFnMut(&mut Client) -> Result<(serde_json::Value, String), Fail>,
+) -> Result<i32, Fail> {
+    use std::io::IsTerminal;
+    use std::io::Write;
+    let tty = std::io::stdout().is_terminal();
+    let mut index = 0;
+    loop {
+        let shown = match c.wait_change(path, index).await {
+            Ok(now) => {
+                index = now;
+                render(c).await
+            }
+            Err(e) => Err(e.into()),
+        };
+        match shown {
+            Ok((v, text)) => {
+                let out = match args.output {
+                    super::Output::Json => serde_json::to_string(&v).unwrap_or_default() + "\n",
+                    super::Output::Table if tty => {
+                        format!("\x1b[H\x1b[2J{}", super::output::printable(&text))
+                    }
+                    super::Output::Table => {
+                        format!("# index {index}\n{}", super::output::printable(&text))
+                    }
+                };
+                print!("{out}");
+                let _ = std::io::stdout().flush();
+            }
+            Err(e) => {
+                eprintln!("watch: {}; trying again", super::output::printable(&e.1));
+                index = 0;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }

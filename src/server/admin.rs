@@ -15,6 +15,8 @@ use modelforge_proto::secret::SecretKind;
 use serde::Deserialize;
 use serde_json::Value;
 
+use std::ops::Bound;
+
 use super::Shared;
 use super::extract::AdminNode;
 use super::extract::ClientAddr;
@@ -23,6 +25,7 @@ use super::extract::Need;
 use super::extract::authorize;
 use super::extract::parse_id;
 use super::extract::request_id;
+use super::watch;
 use crate::error::ApiError;
 use crate::liveness::node_status;
 use crate::state::Command;
@@ -32,6 +35,7 @@ use crate::state::State as Replicated;
 use crate::supervisor::NodeLive;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::ids::CredentialId;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::NodeStatus;
 use modelforge_proto::ids::PreviewId;
@@ -109,31 +113,64 @@ pub async fn create_enrollment(
     }
 }
 
-/// `GET /api/v1/admin/node-enrollments`: never the token or its hash.
+/// `limit` and `after` of a list without filters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    #[serde(default)]
+    limit: Option<String>,
+    #[serde(default)]
+    after: Option<String>,
+}
+
+/// The query of a list, or 400 `invalid_query` naming what it takes.
+fn query<T>(
+    q: Result<Query<T>, axum::extract::rejection::QueryRejection>,
+    known: &str,
+) -> Result<T, ApiError> {
+    q.map(|Query(q)| q)
+        .map_err(|_| ApiError::new(ErrorCode::InvalidQuery, format!("this list takes {known}")))
+}
+
+/// `GET /api/v1/admin/node-enrollments?limit=&after=`: never the token or its hash.
 pub async fn list_enrollments(
     State(ctx): State<Shared>,
     client: ClientAddr,
     headers: HeaderMap,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&ctx, &headers, client, Need::Read).await?;
+    let q = query(q, "limit=1..1000 and after=<next>")?;
+    let limit = watch::limit(q.limit.as_deref())?;
+    let after = q
+        .after
+        .as_deref()
+        .map(|a| TokenId::parse(a).ok_or_else(watch::bad_cursor))
+        .transpose()?;
     ctx.linearize().await?;
     let now = now_ms();
     let s = ctx.app.read();
-    let enrollments = s
-        .tokens
-        .values()
-        .map(|t| api::Enrollment {
-            enrollment_id: t.token_id.clone(),
-            created_at: rfc3339_ms(t.created_at_ms),
-            expires_at: rfc3339_ms(t.expires_at_ms),
-            state: t.state_at(now),
-            claimed_node_id: t.claim.as_ref().map(|c| c.node_id.clone()),
-            claimed_at: t.claim.as_ref().map(|c| rfc3339_ms(c.claimed_at_ms)),
-            cancelled_at: t.cancelled_at_ms.map(rfc3339_ms),
-            note: t.note.clone(),
-        })
-        .collect();
-    Ok(axum::Json(api::Enrollments { enrollments }).into_response())
+    let from = match &after {
+        Some(a) => Bound::Excluded(a.as_str()),
+        None => Bound::Unbounded,
+    };
+    let (enrollments, next) = watch::page(
+        s.tokens
+            .range::<_, str>((from, Bound::<&str>::Unbounded))
+            .map(|(_, t)| api::Enrollment {
+                enrollment_id: t.token_id.clone(),
+                created_at: rfc3339_ms(t.created_at_ms),
+                expires_at: rfc3339_ms(t.expires_at_ms),
+                state: t.state_at(now),
+                claimed_node_id: t.claim.as_ref().map(|c| c.node_id.clone()),
+                claimed_at: t.claim.as_ref().map(|c| rfc3339_ms(c.claimed_at_ms)),
+                cancelled_at: t.cancelled_at_ms.map(rfc3339_ms),
+                note: t.note.clone(),
+            }),
+        limit,
+        |e| e.enrollment_id.to_string(),
+    );
+    Ok(axum::Json(api::Enrollments { enrollments, next }).into_response())
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{enrollment_id}`: cancel an unclaimed token.
@@ -268,38 +305,79 @@ pub struct NodeQuery {
     hostname: Option<String>,
     #[serde(default)]
     enabled: Option<bool>,
+    #[serde(default)]
+    limit: Option<String>,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    index: Option<String>,
+    #[serde(default)]
+    wait: Option<String>,
 }
 
-/// `GET /api/v1/admin/hardware/nodes?hostname=&enabled=`.
+/// `GET /api/v1/admin/hardware/nodes?hostname=&enabled=&limit=&after=&index=&wait=`.
 pub async fn list_nodes(
     State(ctx): State<Shared>,
     client: ClientAddr,
     headers: HeaderMap,
-    query: Result<Query<NodeQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<NodeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&ctx, &headers, client, Need::Read).await?;
-    let Query(q) = query.map_err(|_| {
-        ApiError::new(
-            ErrorCode::InvalidQuery,
-            "known filters: hostname=<name>, enabled=true|false",
-        )
-    })?;
+    let q = query(
+        q,
+        "hostname=<name>, enabled=true|false, limit=1..1000, after=<next>, index=<n>, wait=<duration>",
+    )?;
+    let limit = watch::limit(q.limit.as_deref())?;
+    let after = q
+        .after
+        .as_deref()
+        .map(|a| NodeId::parse(a).ok_or_else(watch::bad_cursor))
+        .transpose()?;
+    let blocking = watch::blocking(q.index.as_deref(), q.wait.as_deref())?;
+    let index = watch::block(&ctx, blocking).await;
     ctx.linearize().await?;
     let now = now_ms();
-    let live = ctx.live.sup.all().await;
+    let (ids, next) = {
+        let s = ctx.app.read();
+        let from = match &after {
+            Some(a) => Bound::Excluded(a.as_str()),
+            None => Bound::Unbounded,
+        };
+        watch::page(
+            s.nodes
+                .range::<_, str>((from, Bound::<&str>::Unbounded))
+                .map(|(_, n)| n)
+                .filter(|n| q.hostname.as_ref().is_none_or(|h| &n.hostname == h))
+                .filter(|n| q.enabled.is_none_or(|e| n.enabled == e))
+                .map(|n| n.node_id.clone()),
+            limit,
+            |id| id.to_string(),
+        )
+    };
+    // The live state of this page's nodes only (one call per shard).
+    let live = ctx.live.sup.many(&ids).await;
     let fallback = (NodeLive::default(), ctx.live.sup.rebuilt_at());
     let s = ctx.app.read();
-    let nodes = s
-        .nodes
-        .values()
-        .filter(|n| q.hostname.as_ref().is_none_or(|h| &n.hostname == h))
-        .filter(|n| q.enabled.is_none_or(|e| n.enabled == e))
+    let nodes = ids
+        .iter()
+        .filter_map(|id| s.nodes.get(id))
         .map(|n| {
             let (l, at) = live.get(&n.node_id).unwrap_or(&fallback);
             node_summary(&ctx, &s, n, l, *at, now)
         })
         .collect();
-    Ok(axum::Json(api::Nodes { nodes }).into_response())
+    let resp = axum::Json(api::Nodes { nodes, next }).into_response();
+    Ok(watch::indexed(resp, index))
+}
+
+/// `GET /api/v1/admin/hardware/nodes/{node_id}?index=&wait=`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    #[serde(default)]
+    index: Option<String>,
+    #[serde(default)]
+    wait: Option<String>,
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}`: the summary plus history, telemetry and the
@@ -307,7 +385,15 @@ pub async fn list_nodes(
 pub async fn show_node(
     State(ctx): State<Shared>,
     AdminNode(node_id, _): AdminNode,
+    q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = query(q, "index=<n> and wait=<duration>")?;
+    let blocking = watch::blocking(q.index.as_deref(), q.wait.as_deref())?;
+    let index = watch::block(&ctx, blocking).await;
+    if blocking.is_some() {
+        // Still the leader after the wait (a relayed watcher must not read a deposed one).
+        ctx.linearize().await?;
+    }
     let now = now_ms();
     let (live, rebuilt_at) = ctx.live.sup.get(&node_id).await;
     let s = ctx.app.read();
@@ -327,7 +413,7 @@ pub async fn show_node(
         })
         .collect();
     let latest = live.telemetry.back();
-    Ok(axum::Json(api::NodeDetail {
+    let resp = axum::Json(api::NodeDetail {
         summary,
         history,
         telemetry: latest
@@ -341,7 +427,8 @@ pub async fn show_node(
             credential_of_this_node: r.credential_of_this_node,
         }),
     })
-    .into_response())
+    .into_response();
+    Ok(watch::indexed(resp, index))
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/telemetry`: the recent ring, oldest first.
@@ -361,38 +448,68 @@ pub async fn telemetry(
     Ok(axum::Json(api::TelemetrySamples { node_id, samples }).into_response())
 }
 
-/// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials`: no hashes, ever.
+/// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials?limit=&after=`: no hashes, ever.
+/// Oldest first; the counts are of all the node's credentials, not the page's. A cursor is
+/// `<created_at_ms>.<credential_id>`, so a page after a pruned credential still starts right.
 pub async fn list_credentials(
     State(ctx): State<Shared>,
     AdminNode(node_id, _): AdminNode,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = query(q, "limit=1..1000 and after=<next>")?;
+    let limit = watch::limit(q.limit.as_deref())?;
+    let after: Option<(i64, CredentialId)> = match q.after.as_deref() {
+        None => None,
+        Some(a) => Some(
+            a.split_once('.')
+                .and_then(|(ms, id)| Some((ms.parse().ok()?, CredentialId::parse(id)?)))
+                .ok_or_else(watch::bad_cursor)?,
+        ),
+    };
     let s = ctx.app.read();
     let node = s
         .nodes
         .get(&node_id)
         .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
-    let credentials: Vec<api::CredentialView> = node
+    let mut all: Vec<_> = node
         .credential_ids
         .iter()
         .filter_map(|c| s.credentials.get(c))
-        .map(|c| api::CredentialView {
-            credential_id: c.credential_id.clone(),
-            created_at: rfc3339_ms(c.created_at_ms),
-            last_used_at: c.last_used_at_ms.map(rfc3339_ms),
-            revoked_at: c.revoked_at_ms.map(rfc3339_ms),
-            revoked_reason: c.revoked_reason.clone(),
-            enrollment_id: c.token_id.clone(),
-        })
         .collect();
-    let active = credentials
-        .iter()
-        .filter(|c| c.revoked_at.is_none())
-        .count();
+    all.sort_by(|a, b| {
+        (a.created_at_ms, &a.credential_id).cmp(&(b.created_at_ms, &b.credential_id))
+    });
+    let active = all.iter().filter(|c| c.revoked_at_ms.is_none()).count();
+    let revoked = all.len() - active;
+    let (credentials, next) = watch::page(
+        all.into_iter()
+            .filter(|c| {
+                after
+                    .as_ref()
+                    .is_none_or(|(ms, id)| (c.created_at_ms, &c.credential_id) > (*ms, id))
+            })
+            .map(|c| api::CredentialView {
+                credential_id: c.credential_id.clone(),
+                created_at: rfc3339_ms(c.created_at_ms),
+                last_used_at: c.last_used_at_ms.map(rfc3339_ms),
+                revoked_at: c.revoked_at_ms.map(rfc3339_ms),
+                revoked_reason: c.revoked_reason.clone(),
+                enrollment_id: c.token_id.clone(),
+            }),
+        limit,
+        |c| c.credential_id.to_string(),
+    );
+    // The cursor carries the creation time: look it up for the page's last credential.
+    let next = next.and_then(|id| {
+        let c = s.credentials.get(id.as_str())?;
+        Some(format!("{}.{}", c.created_at_ms, c.credential_id))
+    });
     Ok(axum::Json(api::Credentials {
         node_id,
         active,
-        revoked: credentials.len() - active,
+        revoked,
         credentials,
+        next,
     })
     .into_response())
 }
@@ -556,23 +673,37 @@ pub async fn decommission_execute(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     #[serde(default)]
     node_id: Option<String>,
     #[serde(default)]
     since: Option<String>,
     #[serde(default)]
-    limit: Option<usize>,
+    limit: Option<String>,
+    /// The `seq` of the last event of the previous page.
+    #[serde(default)]
+    after: Option<String>,
 }
 
-/// `GET /api/v1/admin/audit?node_id=&since=&limit=`.
+/// `GET /api/v1/admin/audit?node_id=&since=&limit=&after=`: the trail from seq 1 (archived
+/// events first, then the live ones), a page at a time.
 pub async fn audit(
     State(ctx): State<Shared>,
     client: ClientAddr,
     headers: HeaderMap,
-    Query(q): Query<AuditQuery>,
+    q: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&ctx, &headers, client, Need::Read).await?;
+    let q = query(
+        q,
+        "node_id=<id>, since=<RFC 3339 time>, limit=1..1000 and after=<next>",
+    )?;
+    let limit = watch::limit(q.limit.as_deref())?;
+    let after: u64 = match q.after.as_deref() {
+        None => 0,
+        Some(a) => a.parse().map_err(|_| watch::bad_cursor())?,
+    };
     let since_ms = match &q.since {
         None => None,
         Some(s) => Some(
@@ -590,17 +721,20 @@ pub async fn audit(
         let s = ctx.app.read();
         (s.audit.clone(), s.audit_base.clone())
     };
-    let limit = q.limit.unwrap_or(usize::MAX);
     let wanted = move |e: &crate::state::AuditEvent| {
-        q.node_id.as_ref().is_none_or(|n| &e.target == n) && since_ms.is_none_or(|t| e.at_ms >= t)
+        e.seq > after
+            && q.node_id.as_ref().is_none_or(|n| &e.target == n)
+            && since_ms.is_none_or(|t| e.at_ms >= t)
     };
     let view = |e: crate::state::AuditEvent| api::AuditEventView {
         at: rfc3339_ms(e.at_ms),
         record: e,
     };
     // The archived events first (read from this member's file), then the live ones: the whole
-    // trail from seq 1, so a client verifies it end to end.
+    // trail from seq 1, so a client verifies it end to end. One more than the page, to know
+    // whether another follows. A cursor past the archive skips the file.
     let archive = ctx.app.archive().cloned();
+    let read_archive = after < base.count;
     let (mut events, complete) = tokio::task::spawn_blocking({
         let wanted = wanted.clone();
         let base = base.clone();
@@ -609,30 +743,36 @@ pub async fn audit(
             let Some(archive) = archive else {
                 return Ok((events, base.count == 0));
             };
-            archive.each(|e| {
-                if wanted(&e) {
-                    events.push(view(e));
-                }
-                events.len() < limit
-            })?;
+            if read_archive {
+                archive.each(|e| {
+                    if wanted(&e) {
+                        events.push(view(e));
+                    }
+                    events.len() <= limit
+                })?;
+            }
             Ok::<_, std::io::Error>((events, archive.tip() == base))
         }
     })
     .await
     .map_err(|_| ApiError::internal("the archive read stopped"))?
     .map_err(|e| ApiError::internal(format!("the audit archive is not readable: {e}")))?;
-    let room = limit.saturating_sub(events.len());
+    let room = (limit + 1).saturating_sub(events.len());
+    let skip = after.saturating_sub(base.count) as usize;
     events.extend(
         live.iter()
+            .skip(skip)
             .filter(|e| wanted(e))
             .take(room)
             .cloned()
             .map(view),
     );
+    let (events, next) = watch::page(events.into_iter(), limit, |e| e.record.seq.to_string());
     let chain_verified = complete && crate::state::verify_audit_chain(&base, &live).is_ok();
     Ok(axum::Json(api::AuditPage {
         events,
         chain_verified,
+        next,
     })
     .into_response())
 }

@@ -496,7 +496,10 @@ pub async fn request_deadline(
     next: axum::middleware::Next,
 ) -> Response {
     let read = req.method() == axum::http::Method::GET;
-    match tokio::time::timeout(ctx.cfg.request_timeout, next.run(req)).await {
+    // A blocking query is given its wait on top of the usual deadline.
+    let limit =
+        ctx.cfg.request_timeout + super::watch::blocking_time(req.method(), req.uri().query());
+    match tokio::time::timeout(limit, next.run(req)).await {
         Ok(resp) => resp,
         Err(_) => {
             let err = if read {

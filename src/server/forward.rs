@@ -133,6 +133,7 @@ async fn relay(
     let relayed = Relayed {
         client: ClientAddr::of(&parts.extensions, &parts.headers).0,
         resendable: safe_to_resend(&parts.method, parts.uri.path(), &parts.headers),
+        blocking: super::watch::blocking_time(&parts.method, parts.uri.query()),
         method,
         path,
         headers: parts.headers,
@@ -164,6 +165,8 @@ struct Relayed {
     client: std::net::IpAddr,
     /// See [`safe_to_resend`].
     resendable: bool,
+    /// How long the leader may hold a blocking query before it answers.
+    blocking: Duration,
 }
 
 /// What the relay needs to know about leadership while it retries: [`super::Ctx`] in
@@ -235,7 +238,7 @@ async fn send_to_leader(
                 req.method.clone(),
                 format!("{}{}", target_url.trim_end_matches('/'), req.path),
             )
-            .timeout(FORWARD_TIMEOUT)
+            .timeout(FORWARD_TIMEOUT + req.blocking)
             .body(req.body.clone());
         for name in FORWARDED_HEADERS {
             if let Some(v) = req.headers.get(name) {
@@ -296,6 +299,7 @@ async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
     let status = axum::http::StatusCode::from_u16(resp.status().as_u16())
         .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
     let ctype = resp.headers().get("content-type").cloned();
+    let index = resp.headers().get(super::watch::INDEX_HEADER).cloned();
     let body = resp
         .bytes()
         .await
@@ -304,6 +308,9 @@ async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
     *response.status_mut() = status;
     if let Some(ct) = ctype.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
         response.headers_mut().insert("content-type", ct);
+    }
+    if let Some(i) = index.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
+        response.headers_mut().insert(super::watch::INDEX_HEADER, i);
     }
     Ok(response)
 }
@@ -442,6 +449,7 @@ mod tests {
             body: axum::body::Bytes::from(body.to_string()),
             hops: 1,
             client: std::net::IpAddr::from([127, 0, 0, 1]),
+            blocking: Duration::ZERO,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod peer_auth;
 mod routes;
 mod scheduler;
 mod tasks;
+pub mod watch;
 mod write;
 
 use peer::share_observed;
@@ -397,6 +398,7 @@ pub async fn serve_on(
     until_stopped(Box::pin(return_freed_memory()));
     until_stopped(Box::pin(ctx.queue_delay.clone().probe()));
     until_stopped(Box::pin(observe::notify_ready(ctx.clone())));
+    until_stopped(Box::pin(watch::publish_changes(ctx.clone())));
     if let Some(store) = &store {
         let reloader = crate::tls::Reloader::new(
             store.clone(),

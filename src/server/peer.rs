@@ -280,6 +280,9 @@ pub(super) async fn peer_observed(
     let batch = shared.into_iter().map(|n| n.into_observed()).collect();
     let sup = &ctx.live.sup;
     let n = sup.observed.merge(&ctx.app.read(), batch, now_ms());
+    if n > 0 {
+        ctx.app.view.mark();
+    }
     sup.observed
         .learned
         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);

@@ -557,7 +557,16 @@ impl Cluster {
 
     /// The audit trail's events (from the first live member that answers).
     pub async fn audit_events(&mut self) -> Vec<api::AuditEventView> {
-        self.audit("").await.events
+        let mut events = vec![];
+        let mut query = "?limit=1000".to_string();
+        loop {
+            let page = self.audit(&query).await;
+            events.extend(page.events);
+            match page.next {
+                Some(next) => query = format!("?limit=1000&after={next}"),
+                None => return events,
+            }
+        }
     }
 
     /// `GET /api/v1/admin/audit<query>` (asserting 200).
@@ -566,12 +575,21 @@ impl Cluster {
             .await
     }
 
-    /// `GET /api/v1/admin/hardware/nodes<query>` (asserting 200): the nodes listed.
+    /// `GET /api/v1/admin/hardware/nodes<query>` (asserting 200): the nodes listed, every
+    /// page.
     pub async fn nodes(&mut self, query: &str) -> Vec<api::NodeSummary> {
-        let path = format!("/api/v1/admin/hardware/nodes{query}");
-        self.admin_as::<api::Nodes>("GET", &path, None, 200)
-            .await
-            .nodes
+        let sep = if query.is_empty() { '?' } else { '&' };
+        let mut nodes = vec![];
+        let mut page_query = format!("{query}{sep}limit=1000");
+        loop {
+            let path = format!("/api/v1/admin/hardware/nodes{page_query}");
+            let page = self.admin_as::<api::Nodes>("GET", &path, None, 200).await;
+            nodes.extend(page.nodes);
+            match page.next {
+                Some(next) => page_query = format!("{query}{sep}limit=1000&after={next}"),
+                None => return nodes,
+            }
+        }
     }
 
     /// An admin call on the first live member that answers.

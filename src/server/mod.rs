@@ -22,6 +22,7 @@ pub mod peer_auth;
 mod routes;
 mod scheduler;
 mod tasks;
+mod ui;
 pub mod watch;
 mod write;
 

@@ -123,6 +123,7 @@ impl Replicated {
 
 impl Application for Replicated {
     fn apply(&self, log_index: u64, command: &[u8]) -> Vec<u8> {
+        let _span = tracing::debug_span!("apply", index = log_index).entered();
         let result = match codec::decode::<Envelope>(command) {
             Ok(env) => {
                 let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());

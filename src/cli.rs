@@ -45,11 +45,13 @@ pub fn init_logs(format: LogFormat) {
         LogFormat::Text => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
-        // Each line carries its spans' fields (the request id among them).
+        // Each line carries its innermost span (`span`) and the whole chain (`spans`: request,
+        // then relay, propose, argon2_verify or argon2_hash, apply where the line comes from
+        // inside them), with their fields (the request id among them).
         LogFormat::Json => logs
             .json()
             .with_current_span(true)
-            .with_span_list(false)
+            .with_span_list(true)
             .init(),
     }
 }
@@ -72,6 +74,11 @@ pub enum Cmd {
     /// Member settings files (`--config`).
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Print a shell completion script: `modelforge completion bash > /etc/bash_completion.d/modelforge`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -342,6 +349,9 @@ pub struct ServeArgs {
     /// before it stops accepting and drains; set it to the load balancer's check interval.
     #[arg(long, env = "MODELFORGE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
+    /// `GET /metrics` asks for an admin token (any role) instead of answering anyone.
+    #[arg(long)]
+    pub metrics_auth: bool,
     /// A connection that has not sent a complete request head within this is closed (idle
     /// keep-alive connections included).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -516,6 +526,7 @@ impl ServeArgs {
             }),
             shed_queue_delay: self.shed_queue_delay,
             shutdown_delay: self.shutdown_delay,
+            metrics_auth: self.metrics_auth,
             max_connections: self
                 .max_connections
                 .unwrap_or_else(crate::server::edge::default_max_connections),

@@ -58,6 +58,14 @@ async fn run() {
                 }
             }
         }
+        Cmd::Completion { shell } => {
+            let mut cmd = <modelforge::cli::Cli as clap::CommandFactory>::command();
+            let mut script = vec![];
+            clap_complete::generate(shell, &mut cmd, "modelforge", &mut script);
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            Ok(())
+        }
         Cmd::Cluster(modelforge::cli::ClusterCmd::InitCa { out }) => modelforge::tls::init_ca(&out)
             .map(|()| {
                 println!(

@@ -176,6 +176,7 @@ impl Hasher {
     }
 
     /// Hash `secret` into a PHC string (with its own random salt and the parameters).
+    #[tracing::instrument(name = "argon2_hash", skip_all)]
     pub async fn hash(&self, secret: String) -> Result<String, ApiError> {
         self.run(move |a| a.hash_password(secret.as_bytes()).map(|h| h.to_string()))
             .await?
@@ -210,6 +211,7 @@ impl Hasher {
         self.verify_kind(phc, secret, started, true).await
     }
 
+    #[tracing::instrument(name = "argon2_verify", skip_all, fields(check = is_check))]
     async fn verify_kind(
         &self,
         phc: String,

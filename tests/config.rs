@@ -182,3 +182,36 @@ async fn a_member_serves_as_its_settings_file_says() {
     assert!(member.signal(libc::SIGTERM));
     assert_eq!(wait_exit_of(&mut member, "the member stops").await, 0);
 }
+
+#[test]
+fn completion_scripts_are_printed_for_each_shell_and_bash_loads_its_own() {
+    for (shell, mark) in [
+        ("bash", "complete -F _modelforge"),
+        ("zsh", "#compdef modelforge"),
+        ("fish", "complete -c modelforge"),
+    ] {
+        let (code, out, err) = modelforge(&["completion", shell], &[]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(
+            out.contains(mark),
+            "{shell}: {}",
+            &out[..out.len().min(300)]
+        );
+        assert!(out.contains("admin") && out.contains("serve"), "{shell}");
+    }
+    let (code, _, _) = modelforge(&["completion", "tcsh"], &[]);
+    assert_eq!(code, 2, "an unknown shell is a usage error");
+    // bash itself takes the script and registers the completion.
+    let dir = tempfile::tempdir().unwrap();
+    let script = write(
+        dir.path(),
+        "c.bash",
+        &modelforge(&["completion", "bash"], &[]).1,
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("source {script} && complete -p modelforge")])
+        .output()
+        .expect("bash runs");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("_modelforge"));
+}

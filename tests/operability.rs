@@ -298,6 +298,7 @@ async fn request_ids_are_echoed_in_errors_and_json_logs_and_kept_through_a_relay
     })
     .await;
     assert_eq!(logged["span"]["id"], "relayed-3", "{logged}");
+    assert_eq!(logged["spans"][0]["name"], "request", "{logged}");
     // Every line a member logs is one JSON object.
     for id in 1..=3 {
         for line in c.log(id).lines().filter(|l| !l.trim().is_empty()) {
@@ -393,4 +394,23 @@ async fn under_systemd_the_member_says_ready_once_ready_and_stopping_at_sigterm(
         .unwrap();
     assert_eq!(std::str::from_utf8(&buf[..n]).unwrap().trim(), "STOPPING=1");
     assert_eq!(c.wait_exit(1).await, 0);
+}
+
+#[tokio::test]
+async fn with_metrics_auth_a_scrape_needs_an_admin_token() {
+    let mut c = Cluster::start_with(1, &["--metrics-auth"]).await;
+    c.wait_ready().await;
+    let url = format!("{}/metrics", c.url(1));
+    let r = http().get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http()
+        .get(&url)
+        .bearer_auth("wrong-token-0123456789abcdef")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http().get(&url).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("modelforge_build_info"));
 }

@@ -107,6 +107,7 @@ fn safe_to_resend(
         || headers.contains_key("idempotency-key")
 }
 
+#[tracing::instrument(name = "relay", skip_all, fields(leader = leader_id, hops = hops))]
 async fn relay(
     ctx: &Shared,
     req: Request,

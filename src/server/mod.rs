@@ -87,6 +87,8 @@ pub struct ServeConfig {
     pub shed_queue_delay: Duration,
     /// How long readiness fails before the member stops accepting, at shutdown.
     pub shutdown_delay: Duration,
+    /// Whether `/metrics` needs an admin token.
+    pub metrics_auth: bool,
     /// Connection slots of the listener (see `edge`).
     pub max_connections: usize,
     pub header_read_timeout: Duration,

@@ -222,7 +222,17 @@ pub async fn observe(State(ctx): State<Shared>, mut req: Request, next: Next) ->
 }
 
 /// `GET /metrics` (Prometheus text format 0.0.4): what was counted, then what is read now.
-pub async fn metrics(State(ctx): State<Shared>) -> Response {
+pub async fn metrics(
+    State(ctx): State<Shared>,
+    client: super::extract::ClientAddr,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if ctx.cfg.metrics_auth
+        && let Err(e) =
+            super::extract::authorize(&ctx, &headers, client, super::extract::Need::Read).await
+    {
+        return e.into_response();
+    }
     let mut now = Registry::with_prefix(PREFIX);
     let s = ctx.consensus.status();
     let gauge = |v: i64| {

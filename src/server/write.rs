@@ -30,6 +30,7 @@ impl Ctx {
 
     /// Replicate `command` and return its answer. Retries the same envelope (same request id,
     /// so it applies at most once) across leader changes until [`WRITE_DEADLINE`].
+    #[tracing::instrument(name = "propose", skip_all, fields(actor = %actor, write = %request_id))]
     pub async fn propose(
         &self,
         actor: &str,

@@ -139,6 +139,13 @@ pub async fn add(
             .map_err(membership_error)?;
     }
     tracing::info!(member = req.id, voter, "member added");
+    // As at removal: the answer waits for the published status to show the change.
+    let id = req.id;
+    ctx.consensus
+        .wait_for(Duration::from_secs(2), |s| {
+            s.members.iter().any(|m| m.id == id && m.voter == voter)
+        })
+        .await;
     Ok(members_answer(&ctx))
 }
 
@@ -215,6 +222,13 @@ pub async fn remove(
         .await
         .map_err(membership_error)?;
     tracing::info!(member = id, actor = %op.name, "member removed");
+    // The status is openraft's metrics, published a moment after the change commits: the
+    // answer waits for it, so it never lists the member just removed (seen in CI).
+    ctx.consensus
+        .wait_for(Duration::from_secs(2), |s| {
+            s.members.iter().all(|m| m.id != id)
+        })
+        .await;
     Ok(members_answer(&ctx))
 }
 

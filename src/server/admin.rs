@@ -15,8 +15,6 @@ use modelforge_proto::secret::SecretKind;
 use serde::Deserialize;
 use serde_json::Value;
 
-use std::ops::Bound;
-
 use super::Shared;
 use super::extract::AdminNode;
 use super::extract::ClientAddr;
@@ -142,21 +140,13 @@ pub async fn list_enrollments(
     authorize(&ctx, &headers, client, Need::Read).await?;
     let q = query(q, "limit=1..1000 and after=<next>")?;
     let limit = watch::limit(q.limit.as_deref())?;
-    let after = q
-        .after
-        .as_deref()
-        .map(|a| TokenId::parse(a).ok_or_else(watch::bad_cursor))
-        .transpose()?;
+    let after: Option<TokenId> = watch::id_cursor(q.after.as_deref())?;
     ctx.linearize().await?;
     let now = now_ms();
     let s = ctx.app.read();
-    let from = match &after {
-        Some(a) => Bound::Excluded(a.as_str()),
-        None => Bound::Unbounded,
-    };
     let (enrollments, next) = watch::page(
         s.tokens
-            .range::<_, str>((from, Bound::<&str>::Unbounded))
+            .range::<_, str>(watch::past(after.as_ref().map(|a| a.as_str())))
             .map(|(_, t)| api::Enrollment {
                 enrollment_id: t.token_id.clone(),
                 created_at: rfc3339_ms(t.created_at_ms),
@@ -328,24 +318,16 @@ pub async fn list_nodes(
         "hostname=<name>, enabled=true|false, limit=1..1000, after=<next>, index=<n>, wait=<duration>",
     )?;
     let limit = watch::limit(q.limit.as_deref())?;
-    let after = q
-        .after
-        .as_deref()
-        .map(|a| NodeId::parse(a).ok_or_else(watch::bad_cursor))
-        .transpose()?;
+    let after: Option<NodeId> = watch::id_cursor(q.after.as_deref())?;
     let blocking = watch::blocking(q.index.as_deref(), q.wait.as_deref())?;
     let index = watch::block(&ctx, blocking).await;
     ctx.linearize().await?;
     let now = now_ms();
     let (ids, next) = {
         let s = ctx.app.read();
-        let from = match &after {
-            Some(a) => Bound::Excluded(a.as_str()),
-            None => Bound::Unbounded,
-        };
         watch::page(
             s.nodes
-                .range::<_, str>((from, Bound::<&str>::Unbounded))
+                .range::<_, str>(watch::past(after.as_ref().map(|a| a.as_str())))
                 .map(|(_, n)| n)
                 .filter(|n| q.hostname.as_ref().is_none_or(|h| &n.hostname == h))
                 .filter(|n| q.enabled.is_none_or(|e| n.enabled == e))
@@ -481,29 +463,26 @@ pub async fn list_credentials(
     });
     let active = all.iter().filter(|c| c.revoked_at_ms.is_none()).count();
     let revoked = all.len() - active;
-    let (credentials, next) = watch::page(
-        all.into_iter()
-            .filter(|c| {
-                after
-                    .as_ref()
-                    .is_none_or(|(ms, id)| (c.created_at_ms, &c.credential_id) > (*ms, id))
-            })
-            .map(|c| api::CredentialView {
-                credential_id: c.credential_id.clone(),
-                created_at: rfc3339_ms(c.created_at_ms),
-                last_used_at: c.last_used_at_ms.map(rfc3339_ms),
-                revoked_at: c.revoked_at_ms.map(rfc3339_ms),
-                revoked_reason: c.revoked_reason.clone(),
-                enrollment_id: c.token_id.clone(),
-            }),
+    let (page, next) = watch::page(
+        all.into_iter().filter(|c| {
+            after
+                .as_ref()
+                .is_none_or(|(ms, id)| (c.created_at_ms, &c.credential_id) > (*ms, id))
+        }),
         limit,
-        |c| c.credential_id.to_string(),
+        |c| format!("{}.{}", c.created_at_ms, c.credential_id),
     );
-    // The cursor carries the creation time: look it up for the page's last credential.
-    let next = next.and_then(|id| {
-        let c = s.credentials.get(id.as_str())?;
-        Some(format!("{}.{}", c.created_at_ms, c.credential_id))
-    });
+    let credentials = page
+        .into_iter()
+        .map(|c| api::CredentialView {
+            credential_id: c.credential_id.clone(),
+            created_at: rfc3339_ms(c.created_at_ms),
+            last_used_at: c.last_used_at_ms.map(rfc3339_ms),
+            revoked_at: c.revoked_at_ms.map(rfc3339_ms),
+            revoked_reason: c.revoked_reason.clone(),
+            enrollment_id: c.token_id.clone(),
+        })
+        .collect();
     Ok(axum::Json(api::Credentials {
         node_id,
         active,

@@ -134,6 +134,20 @@ pub fn page<T>(
     }
 }
 
+/// An `after` that names an item by its id: 400 `invalid_query` unless it is one.
+pub fn id_cursor<T: modelforge_proto::ids::Id>(raw: Option<&str>) -> Result<Option<T>, ApiError> {
+    raw.map(|a| T::parse(a).ok_or_else(bad_cursor)).transpose()
+}
+
+/// The keys of an ordered map past the cursor (all of them without one).
+pub fn past(after: Option<&str>) -> (std::ops::Bound<&str>, std::ops::Bound<&str>) {
+    use std::ops::Bound;
+    (
+        after.map_or(Bound::Unbounded, Bound::Excluded),
+        Bound::Unbounded,
+    )
+}
+
 /// A cursor that does not parse.
 pub fn bad_cursor() -> ApiError {
     ApiError::new(

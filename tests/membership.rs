@@ -235,6 +235,23 @@ async fn grow_from_one_to_three_and_back_under_load() {
     )
     .await;
     assert_eq!(refused(s, &v), (409, "member_exists"), "{v}");
+    // Another id at a member's address (the API fuzz found it "caught up" at once and voted
+    // twice): 409, and the configuration is unchanged.
+    let (s, v) = call(
+        "POST",
+        &format!("{leader}/api/v1/admin/cluster/members"),
+        Some(ADMIN),
+        Some(json!({"id": 99, "url": format!("{}/", j3.url)})),
+    )
+    .await;
+    assert_eq!(refused(s, &v), (409, "member_exists"), "{v}");
+    assert!(
+        !members_of(&leader)
+            .await
+            .unwrap()
+            .iter()
+            .any(|m| m.id == 99)
+    );
     // The leader reports every member's role, progress and reachability; the new members
     // hold the state and serve it.
     let view = wait_until("three reachable voters", WAIT, || {

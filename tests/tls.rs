@@ -405,6 +405,21 @@ async fn a_captured_peer_request_replayed_or_altered_is_refused() {
     let vote = format!("{}/internal/v1/raft/vote", c.url(1));
     let (s, v) = peer_call(&me, "POST", &vote, Some(header), body.clone()).await;
     assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    // A well-signed Raft RPC meant for another member id (one address configured under two
+    // ids): refused before its body is read, so this process never votes as member 7.
+    let for_other = "/internal/v1/raft/vote?to=7";
+    let header = peer_header("", 1, "POST", for_other, &body);
+    let url_other = format!("{}{for_other}", c.url(1));
+    let (s, v) = peer_call(&me, "POST", &url_other, Some(header), body.clone()).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("member 7"),
+        "{v}"
+    );
+    // Without a target: refused too.
+    let header = peer_header("", 1, "POST", "/internal/v1/raft/vote", &body);
+    let (s, v) = peer_call(&me, "POST", &vote, Some(header), body.clone()).await;
+    assert_eq!(refused(s, &v), (401, "peer_unauthenticated"), "{v}");
     // Signed 60 s ago with a nonce never seen (a request held back and sent later): 401.
     let key = modelforge::secrets::peer_token(CLUSTER_SECRET, "");
     let old = modelforge_raft::peer_auth::PeerSigner::new(key.as_bytes(), 1).sign_at(
@@ -450,7 +465,7 @@ async fn a_streamed_snapshot_other_than_the_signed_one_is_refused_and_removed() 
     // figure below.
     let c = Cluster::start_with(1, &["--credential-pool", "0"]).await;
     let me = member_client(Some(1));
-    const SNAPSHOT: &str = "/internal/v1/raft/snapshot";
+    const SNAPSHOT: &str = "/internal/v1/raft/snapshot?to=1";
     let url = format!("{}{SNAPSHOT}", c.url(1));
     let before = c.cluster_view(1).await.unwrap();
     // 8 MiB, more than any single read: it is streamed, not taken in one piece.

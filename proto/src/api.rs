@@ -174,6 +174,15 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
+/// The schema of a code: one of the table's wire strings.
+impl utoipa::PartialSchema for ErrorCode {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::ids::names_schema(ErrorCode::ALL.iter().map(|c| c.as_str()))
+    }
+}
+
+impl utoipa::ToSchema for ErrorCode {}
+
 impl Serialize for ErrorCode {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.as_str())
@@ -189,7 +198,7 @@ impl<'de> Deserialize<'de> for ErrorCode {
 }
 
 /// One member of the membership, as `GET /api/v1/cluster` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ClusterMember {
     pub id: u64,
     pub url: String,
@@ -207,9 +216,10 @@ pub struct ClusterMember {
 }
 
 /// `POST /api/v1/admin/cluster/members`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
+    #[schema(minimum = 1)]
     pub id: u64,
     pub url: String,
     /// Promote to voter once caught up (default); false keeps it a learner.
@@ -218,13 +228,13 @@ pub struct AddMember {
 }
 
 /// The members after a change (`POST`/`DELETE /api/v1/admin/cluster/members`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct MembersView {
     pub members: Vec<ClusterMember>,
 }
 
 /// Counters of the credential check in `GET /api/v1/cluster`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SecretChecksView {
     pub argon2_verifies: u64,
     pub cache_hits: u64,
@@ -240,7 +250,7 @@ pub struct SecretChecksView {
 
 /// The free space of this member's data dir, in `GET /api/v1/cluster`: under the reserve the
 /// alarm is raised and writes are refused (503 `disk_full`) until space returns.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct DiskView {
     pub free_bytes: u64,
     /// `--disk-reserve-mib` in bytes.
@@ -250,7 +260,7 @@ pub struct DiskView {
 }
 
 /// Admission control of agent requests on this member, in `GET /api/v1/cluster`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AdmissionView {
     /// Agent requests processed at once at most (`--max-agent-requests`).
     pub limit: usize,
@@ -271,7 +281,7 @@ pub struct AdmissionView {
 }
 
 /// The leader's pool of credentials minted ahead, in `GET /api/v1/cluster`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct CredentialPoolView {
     pub ready: usize,
     pub minted_ahead: u64,
@@ -279,7 +289,7 @@ pub struct CredentialPoolView {
 }
 
 /// `GET /api/v1/cluster`: the cluster as the answering member sees it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ClusterView {
     pub id: u64,
     pub leader_id: Option<u64>,
@@ -309,7 +319,7 @@ pub struct ClusterView {
 /// This member's audit archive against the replicated state's base: `complete` once its file
 /// holds every event the state moved out (a member that installed a snapshot fills the hole
 /// from the others).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AuditArchiveView {
     /// Events the replicated state has moved to the archive.
     pub archived: u64,
@@ -322,7 +332,7 @@ pub struct AuditArchiveView {
 
 /// What this member holds of the leader's live view of the nodes (memory only): it seeds the
 /// member's view if it becomes leader, so refusals and telemetry survive a failover.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ObservedView {
     pub nodes: usize,
     pub refusals: usize,
@@ -331,7 +341,7 @@ pub struct ObservedView {
 }
 
 /// `GET /api/v1/cluster/state-digest`: a digest of the member's applied state.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct StateDigest {
     pub digest: String,
     pub applied_index: u64,
@@ -340,13 +350,13 @@ pub struct StateDigest {
 // ---- Health and the peer endpoints.
 
 /// `GET /healthz`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Health {
     pub status: String,
 }
 
 /// `GET /readyz` (200 when ready, 503 otherwise).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Readiness {
     pub ready: bool,
     pub leader_id: Option<u64>,
@@ -358,7 +368,7 @@ pub struct Readiness {
 }
 
 /// One check of `GET /readyz`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ReadinessCheck {
     pub name: String,
     pub ok: bool,
@@ -367,20 +377,20 @@ pub struct ReadinessCheck {
 }
 
 /// `GET /internal/v1/status`: whether the member belongs to a cluster yet.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct PeerStatus {
     pub initialized: bool,
     pub id: u64,
 }
 
 /// `GET /internal/v1/read-index`: the index a follower must have applied before its read.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ReadIndex {
     pub index: u64,
 }
 
 /// `POST /internal/v1/verified`: how many shared cache entries the member kept.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Learned {
     pub learned: usize,
 }
@@ -388,13 +398,13 @@ pub struct Learned {
 // ---- Agent answers beyond `wire`.
 
 /// `POST .../smoke/{smoke_id}` (agent report): the verdict.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmokeVerdict {
     pub passed: bool,
 }
 
 /// `PUT .../inventory`: whether the replicated inventory changed.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct InventoryChanged {
     pub changed: bool,
 }
@@ -403,7 +413,7 @@ pub struct InventoryChanged {
 
 /// `POST /api/v1/admin/node-enrollments` (201): the token, shown this once. No `Debug`: it
 /// holds a secret.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenIssued {
     pub enrollment_id: TokenId,
     pub token: String,
@@ -415,7 +425,7 @@ pub struct TokenIssued {
 }
 
 /// One enrolment token as listed: never the token or its hash.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Enrollment {
     pub enrollment_id: TokenId,
     pub created_at: String,
@@ -429,7 +439,7 @@ pub struct Enrollment {
 }
 
 /// `GET /api/v1/admin/node-enrollments`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Enrollments {
     pub enrollments: Vec<Enrollment>,
     /// The cursor of the next page (`after=`), or null on the last page.
@@ -438,14 +448,14 @@ pub struct Enrollments {
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{id}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct EnrollmentCancelled {
     pub enrollment_id: TokenId,
     pub state: TokenState,
 }
 
 /// One credential of a node: never its hash.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct CredentialView {
     pub credential_id: CredentialId,
     pub created_at: String,
@@ -456,7 +466,7 @@ pub struct CredentialView {
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{id}/credentials`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Credentials {
     pub node_id: NodeId,
     pub active: usize,
@@ -468,21 +478,21 @@ pub struct Credentials {
 }
 
 /// `DELETE /api/v1/admin/hardware/nodes/{id}/credential`: the credentials it revoked.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Revoked {
     pub node_id: NodeId,
     pub revoked: Vec<CredentialId>,
 }
 
 /// One recent telemetry sample of a node.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct TelemetrySample {
     pub at: String,
     pub telemetry: serde_json::Value,
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{id}/telemetry`: oldest first.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct TelemetrySamples {
     pub node_id: NodeId,
     pub samples: Vec<TelemetrySample>,
@@ -490,7 +500,7 @@ pub struct TelemetrySamples {
 
 /// One audit event as the replicated state keeps it: each hashes the one before. Replicated
 /// (positional codec): no serde attributes.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AuditRecord {
     pub seq: u64,
     pub at_ms: i64,
@@ -509,7 +519,7 @@ pub struct AuditRecord {
 }
 
 /// One audit event as `GET /api/v1/admin/audit` shows it: the record and its time as text.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AuditEventView {
     pub at: String,
     #[serde(flatten)]
@@ -517,7 +527,7 @@ pub struct AuditEventView {
 }
 
 /// `GET /api/v1/admin/audit`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AuditPage {
     pub events: Vec<AuditEventView>,
     /// Whether the whole chain (not only this page) verifies.
@@ -530,7 +540,7 @@ pub struct AuditPage {
 // ---- Scheduling and smokes.
 
 /// `POST /api/v1/allocations` (201).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AllocationPlaced {
     pub allocation_id: AllocationId,
     pub node_id: NodeId,
@@ -538,19 +548,19 @@ pub struct AllocationPlaced {
 }
 
 /// `DELETE /api/v1/allocations/{id}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AllocationReleased {
     pub released: AllocationId,
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{id}/smoke` (202).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmokeStarted {
     pub smoke_id: SmokeId,
 }
 
 /// One check of a smoke, as the node reported it (replicated: no serde attributes).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmokeCheck {
     pub name: String,
     pub ok: bool,
@@ -558,7 +568,7 @@ pub struct SmokeCheck {
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{id}/smoke/{smoke_id}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmokeView {
     pub smoke_id: SmokeId,
     pub node_id: NodeId,
@@ -572,7 +582,7 @@ pub struct SmokeView {
 // ---- Nodes, decommission and the scheduler view.
 
 /// A node as `GET /api/v1/admin/hardware/nodes` lists it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct NodeSummary {
     pub node_id: NodeId,
     pub hostname: String,
@@ -599,7 +609,7 @@ pub struct NodeSummary {
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Nodes {
     pub nodes: Vec<NodeSummary>,
     /// The cursor of the next page (`after=`), or null on the last page.
@@ -608,7 +618,7 @@ pub struct Nodes {
 }
 
 /// One event of a node's bounded history.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct HistoryEntry {
     pub at: String,
     pub kind: HistoryKind,
@@ -618,7 +628,7 @@ pub struct HistoryEntry {
 }
 
 /// The last agent request refused for a node (status and when).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct LastRefusal {
     pub status: u16,
     pub at: String,
@@ -632,7 +642,7 @@ pub struct LastRefusal {
 
 /// `GET /api/v1/admin/hardware/nodes/{id}`: the summary, history, latest telemetry and the
 /// last refused agent request.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct NodeDetail {
     #[serde(flatten)]
     pub summary: NodeSummary,
@@ -643,7 +653,7 @@ pub struct NodeDetail {
 }
 
 /// What a decommission would change, as a preview shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct DecommissionEffectsView {
     pub node_id: NodeId,
     pub hostname: String,
@@ -658,7 +668,7 @@ pub struct DecommissionEffectsView {
 }
 
 /// `POST .../decommission/preview`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct DecommissionPreviewView {
     pub preview_id: PreviewId,
     pub node_id: NodeId,
@@ -669,7 +679,7 @@ pub struct DecommissionPreviewView {
 }
 
 /// `POST .../decommission/execute`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Decommissioned {
     pub node_id: NodeId,
     pub status: NodeStatus,
@@ -683,7 +693,7 @@ pub struct Decommissioned {
 }
 
 /// An allocation in the scheduler view.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AllocationView {
     pub allocation_id: AllocationId,
     pub owner: String,
@@ -694,7 +704,7 @@ pub struct AllocationView {
 }
 
 /// A node as the scheduler sees it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SchedulerNode {
     pub node_id: NodeId,
     pub hostname: String,
@@ -711,7 +721,7 @@ pub struct SchedulerNode {
 }
 
 /// `GET /api/v1/admin/scheduler`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SchedulerView {
     pub view_rebuilt_at: String,
     pub require_smoke: bool,
@@ -721,33 +731,50 @@ pub struct SchedulerView {
 // ---- Admin request bodies (the server refuses unknown fields: `invalid_body`).
 
 /// `POST /api/v1/admin/node-enrollments`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEnrollment {
+    /// At most `--max-token-ttl` (default 30 days); default `--default-token-ttl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub note: Option<String>,
 }
 
 /// `DELETE /api/v1/admin/hardware/nodes/{id}/credential`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RevokeRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{id}` and `DELETE /api/v1/admin/tokens/{name}`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 
 /// What an operator's token may do. Each role may do everything the one before it may.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Every read but the backup.
@@ -769,17 +796,20 @@ impl Role {
 }
 
 /// `POST /api/v1/admin/tokens`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOperatorToken {
+    /// Not `root` or `system`.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
     pub role: Role,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 
 /// The 201 answer of `POST /api/v1/admin/tokens`: the token's plaintext, shown once.
-#[derive(Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct OperatorTokenCreated {
     pub name: String,
     pub role: Role,
@@ -798,7 +828,7 @@ impl std::fmt::Debug for OperatorTokenCreated {
 }
 
 /// One operator as `GET /api/v1/admin/tokens` lists it (never a secret or its digest).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct OperatorView {
     pub name: String,
     pub role: Role,
@@ -810,26 +840,26 @@ pub struct OperatorView {
 }
 
 /// `GET /api/v1/admin/tokens`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct OperatorList {
     pub tokens: Vec<OperatorView>,
 }
 
 /// `DELETE /api/v1/admin/tokens/{name}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct OperatorDeleted {
     pub name: String,
     pub deleted: bool,
 }
 
 /// `{}`: the body of `POST .../decommission/preview` (nothing may be asked along).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyRequest {}
 
 /// `POST .../decommission/execute`. The preview id stays text here: the handler parses it
 /// (`invalid_id`), so that an untame id is refused with its own code, not `invalid_body`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteDecommission {
     pub preview_id: String,
@@ -837,9 +867,10 @@ pub struct ExecuteDecommission {
 }
 
 /// `POST /api/v1/allocations`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AllocationRequest {
+    #[schema(minimum = 1, maximum = 256)]
     pub accelerators: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_memory_mib: Option<u64>,

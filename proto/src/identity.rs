@@ -11,7 +11,7 @@ use serde::Serialize;
 pub const PROOF_MAX_SKEW_MS: i64 = 10 * 60 * 1000;
 
 /// Proof of possession sent in the enrolment request's `identity` object.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct IdentityProof {
     /// Ed25519 public key, hex.
     pub public_key: String,

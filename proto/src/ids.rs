@@ -28,6 +28,32 @@ pub trait Id: Sized + fmt::Display {
     fn parse(s: &str) -> Option<Self>;
 }
 
+/// The OpenAPI schema of every id: the tame string [`is_tame`] accepts.
+fn id_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .pattern(Some("^[A-Za-z0-9_-]{1,64}$"))
+        .min_length(Some(1))
+        .max_length(Some(64))
+        .into()
+}
+
+/// The OpenAPI schema of a set of wire names: a string that is one of them.
+pub fn names_schema<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    let mut values: Vec<&str> = Vec::new();
+    for n in names {
+        if !values.contains(&n) {
+            values.push(n);
+        }
+    }
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(values))
+        .into()
+}
+
 macro_rules! ids {
     ($($(#[$doc:meta])* $name:ident,)*) => {$(
         $(#[$doc])*
@@ -61,6 +87,14 @@ macro_rules! ids {
                 $name::parse(s)
             }
         }
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                id_schema()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
 
         impl From<String> for $name {
             fn from(s: String) -> Self {
@@ -183,6 +217,14 @@ macro_rules! names {
             }
         }
 
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                names_schema($name::ALL.iter().map(|n| n.as_str()))
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
                 self.as_str() == *other
@@ -288,6 +330,16 @@ mod tests {
             assert_eq!(b, s, "stored by name");
         }
         assert!(serde_json::from_str::<NodeStatus>("\"sleeping\"").is_err());
+    }
+
+    #[test]
+    fn the_id_schema_says_what_is_tame() {
+        let json = serde_json::to_value(<NodeId as utoipa::PartialSchema>::schema()).unwrap();
+        assert_eq!(json["pattern"], "^[A-Za-z0-9_-]{1,64}$");
+        assert_eq!(json["maxLength"], 64);
+        let names = serde_json::to_value(<NodeStatus as utoipa::PartialSchema>::schema()).unwrap();
+        let values: Vec<&str> = NodeStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names["enum"], serde_json::json!(values));
     }
 
     #[test]

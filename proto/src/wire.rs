@@ -11,7 +11,7 @@ use crate::ids::NodeId;
 use crate::ids::SmokeId;
 
 /// One accelerator as inventoried (NVML, simulated or fixture: the same shape).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, utoipa::ToSchema)]
 pub struct Accelerator {
     pub uuid: String,
     pub name: String,
@@ -28,7 +28,7 @@ pub struct Accelerator {
 }
 
 /// A storage root of the node.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, utoipa::ToSchema)]
 pub struct StorageRoot {
     pub path: String,
     #[serde(default)]
@@ -38,7 +38,7 @@ pub struct StorageRoot {
 }
 
 /// What hardware a node has. `accelerators` and `storage_roots` are required.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, Default, utoipa::ToSchema)]
 pub struct Inventory {
     pub accelerators: Vec<Accelerator>,
     pub storage_roots: Vec<StorageRoot>,
@@ -52,7 +52,7 @@ pub struct Inventory {
 }
 
 /// Per-accelerator telemetry in a heartbeat; every field optional.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default, utoipa::ToSchema)]
 pub struct AcceleratorTelemetry {
     #[serde(default)]
     pub uuid: Option<String>,
@@ -71,7 +71,7 @@ pub struct AcceleratorTelemetry {
 }
 
 /// A compute process running on an accelerator.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default, utoipa::ToSchema)]
 pub struct ProcessTelemetry {
     pub pid: u32,
     #[serde(default)]
@@ -79,23 +79,24 @@ pub struct ProcessTelemetry {
 }
 
 /// The heartbeat body. `{}` is a valid heartbeat.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default, utoipa::ToSchema)]
 pub struct Telemetry {
     #[serde(default)]
     pub accelerators: Vec<AcceleratorTelemetry>,
 }
 
 /// `POST /api/v1/agent/enroll`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EnrollRequest {
     pub token: String,
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,253}$")]
     pub hostname: String,
     pub identity: IdentityProof,
     pub inventory: Inventory,
 }
 
 /// 201 answer to an enrolment.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EnrollResponse {
     pub node_id: NodeId,
     pub credential: String,
@@ -105,7 +106,7 @@ pub struct EnrollResponse {
 }
 
 /// 200 answer to a heartbeat.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeartbeatResponse {
     pub status: String,
     pub node_id: NodeId,
@@ -116,7 +117,7 @@ pub struct HeartbeatResponse {
 }
 
 /// A job handed to the agent with a heartbeat answer.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Job {
     /// Run the capability smoke and report it to
@@ -129,7 +130,7 @@ pub enum Job {
 }
 
 /// One check of a capability smoke.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmokeCheckReport {
     pub name: String,
     pub ok: bool,
@@ -137,19 +138,20 @@ pub struct SmokeCheckReport {
 }
 
 /// The agent's smoke report.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmokeReport {
     pub checks: Vec<SmokeCheckReport>,
 }
 
 /// The contract's error body: `{"error": {"code", "message"}}`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
+    #[schema(value_type = crate::api::ErrorCode)]
     pub code: String,
     pub message: String,
     /// The request's id (`X-Request-Id`), to find it in the members' logs.

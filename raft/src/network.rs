@@ -55,6 +55,10 @@ type C = TypeConfig;
 pub const PEER_HEADER: &str = "x-modelforge-peer";
 /// Path prefix of the peer RPC endpoints.
 pub const RPC_PREFIX: &str = "/internal/v1/raft/";
+/// The query key naming the member a Raft RPC is for (`?to=<id>`): signed with the path, and
+/// refused by any other member, so one process reached under two member ids never answers
+/// (or votes) for the one it is not.
+pub const TO_QUERY: &str = "to";
 /// The kind of the snapshot RPC, whose body streams (`{RPC_PREFIX}snapshot`).
 pub const SNAPSHOT_RPC: &str = "snapshot";
 /// The largest snapshot body a member receives.
@@ -120,7 +124,7 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<Resp, RPCError<C>> {
         let body = codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let path = format!("{RPC_PREFIX}{kind}");
+        let path = format!("{RPC_PREFIX}{kind}?{TO_QUERY}={}", self.target);
         let header = self.net.signer.sign("POST", &path, &body, 0);
         self.post(kind, &path, header, reqwest::Body::from(body), timeout)
             .await
@@ -192,7 +196,7 @@ impl PeerClient {
         .await
         .map_err(|e| io_err(std::io::Error::other(e)))?
         .map_err(io_err)?;
-        let path = format!("{RPC_PREFIX}{SNAPSHOT_RPC}");
+        let path = format!("{RPC_PREFIX}{SNAPSHOT_RPC}?{TO_QUERY}={}", self.target);
         let header = self.net.signer.sign_digest("POST", &path, digest, 0);
         self.post(
             SNAPSHOT_RPC,

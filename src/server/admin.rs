@@ -1,7 +1,7 @@
 //! The admin API: enrolment tokens, nodes, credentials, audit. Every handler first checks the
 //! admin token, then linearises (reads) or proposes (writes) on the leader.
 
-use axum::extract::Path;
+use super::extract::Path;
 use axum::extract::Query;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -43,6 +43,18 @@ use modelforge_proto::ids::TokenState;
 const MAX_NOTE_LEN: usize = 1024;
 
 /// `POST /api/v1/admin/node-enrollments`: the token is shown once; only its hash is kept.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/node-enrollments",
+    tag = "enrolments",
+    operation_id = "audit_trail",
+    operation_id = "node_telemetry",
+    summary = "Create an enrolment token (shown once)",
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = Option<modelforge_proto::api::CreateEnrollment>,
+    responses((status = 201, description = "The token, shown this once", body = modelforge_proto::api::TokenIssued), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn create_enrollment(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -112,11 +124,15 @@ pub async fn create_enrollment(
 }
 
 /// `limit` and `after` of a list without filters.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PageQuery {
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    /// How many at most (default 100).
     #[serde(default)]
     limit: Option<String>,
+    /// The `next` of the previous page.
     #[serde(default)]
     after: Option<String>,
 }
@@ -131,6 +147,15 @@ fn query<T>(
 }
 
 /// `GET /api/v1/admin/node-enrollments?limit=&after=`: never the token or its hash.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/node-enrollments",
+    tag = "enrolments",
+    summary = "List enrolment tokens (never a token or its hash)",
+    params(PageQuery),
+    responses((status = 200, description = "A page of tokens", body = modelforge_proto::api::Enrollments), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn list_enrollments(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -164,6 +189,16 @@ pub async fn list_enrollments(
 }
 
 /// `DELETE /api/v1/admin/node-enrollments/{enrollment_id}`: cancel an unclaimed token.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/node-enrollments/{enrollment_id}",
+    tag = "enrolments",
+    summary = "Cancel an unclaimed enrolment token",
+    params(("enrollment_id" = modelforge_proto::api::TokenId, Path, description = "The token's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = Option<modelforge_proto::api::ReasonRequest>,
+    responses((status = 200, description = "The token, cancelled", body = modelforge_proto::api::EnrollmentCancelled), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn cancel_enrollment(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -287,25 +322,42 @@ fn node_summary(
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct NodeQuery {
     /// Only nodes that claim this hostname ("which enabled nodes claim hostname H").
     #[serde(default)]
     hostname: Option<String>,
+    /// Only nodes that are (or are not) enabled.
     #[serde(default)]
     enabled: Option<bool>,
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    /// How many at most (default 100).
     #[serde(default)]
     limit: Option<String>,
+    /// The `next` of the previous page.
     #[serde(default)]
     after: Option<String>,
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_i64)]
+    /// Wait until the view's index (`X-Modelforge-Index`) is past this one.
     #[serde(default)]
     index: Option<String>,
+    /// How long to wait for a change past `index` (`500ms`, `10s`, `1m`; at most 5 minutes; default 30 s).
     #[serde(default)]
     wait: Option<String>,
 }
 
 /// `GET /api/v1/admin/hardware/nodes?hostname=&enabled=&limit=&after=&index=&wait=`.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/hardware/nodes",
+    tag = "nodes",
+    summary = "List nodes (a blocking query with `index` and `wait`)",
+    params(NodeQuery),
+    responses((status = 200, description = "A page of nodes", body = modelforge_proto::api::Nodes, headers(("X-Modelforge-Index" = u64, description = "The view's index: pass it back as `index` to wait for a change"))), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn list_nodes(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -353,17 +405,30 @@ pub async fn list_nodes(
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}?index=&wait=`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WatchQuery {
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_i64)]
+    /// Wait until the view's index (`X-Modelforge-Index`) is past this one.
     #[serde(default)]
     index: Option<String>,
+    /// How long to wait for a change past `index` (`500ms`, `10s`, `1m`; at most 5 minutes; default 30 s).
     #[serde(default)]
     wait: Option<String>,
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}`: the summary plus history, telemetry and the
 /// last refused agent request.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/hardware/nodes/{node_id}",
+    tag = "nodes",
+    summary = "Show a node: summary, history, latest telemetry, last refusal",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), WatchQuery),
+    responses((status = 200, description = "The node", body = modelforge_proto::api::NodeDetail, headers(("X-Modelforge-Index" = u64, description = "The view's index: pass it back as `index` to wait for a change"))), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn show_node(
     State(ctx): State<Shared>,
     AdminNode(node_id, _): AdminNode,
@@ -414,6 +479,15 @@ pub async fn show_node(
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/telemetry`: the recent ring, oldest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/telemetry",
+    tag = "nodes",
+    summary = "A node's recent telemetry, oldest first",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id")),
+    responses((status = 200, description = "The samples", body = modelforge_proto::api::TelemetrySamples), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn telemetry(
     State(ctx): State<Shared>,
     AdminNode(node_id, _): AdminNode,
@@ -433,6 +507,15 @@ pub async fn telemetry(
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/credentials?limit=&after=`: no hashes, ever.
 /// Oldest first; the counts are of all the node's credentials, not the page's. A cursor is
 /// `<created_at_ms>.<credential_id>`, so a page after a pruned credential still starts right.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/credentials",
+    tag = "nodes",
+    summary = "List a node's credentials (never a hash)",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), PageQuery),
+    responses((status = 200, description = "A page of credentials, oldest first", body = modelforge_proto::api::Credentials), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn list_credentials(
     State(ctx): State<Shared>,
     AdminNode(node_id, _): AdminNode,
@@ -496,6 +579,16 @@ pub async fn list_credentials(
 /// `DELETE /api/v1/admin/hardware/nodes/{node_id}/credential`: when this returns 200, no member
 /// accepts the revoked credentials (heartbeats are served only by a leader holding its lease,
 /// after applying everything committed).
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/credential",
+    tag = "nodes",
+    summary = "Revoke the node's active credentials",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = Option<modelforge_proto::api::RevokeRequest>,
+    responses((status = 200, description = "The credentials revoked (empty when none was active)", body = modelforge_proto::api::Revoked), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn revoke_credential(
     State(ctx): State<Shared>,
     AdminNode(node_id, op): AdminNode,
@@ -563,6 +656,16 @@ fn preview_json(p: &crate::state::DecommissionPreview) -> api::DecommissionPrevi
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/decommission/preview`: a replicated, audited
 /// write that records every effect and binds them to the state it saw (see ARCHITECTURE.md,
 /// "Decommission: preview, then execute").
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/decommission/preview",
+    tag = "nodes",
+    summary = "Preview what decommissioning the node would change",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = Option<modelforge_proto::api::EmptyRequest>,
+    responses((status = 200, description = "The preview (valid 15 minutes)", body = modelforge_proto::api::DecommissionPreviewView), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn decommission_preview(
     State(ctx): State<Shared>,
     AdminNode(node_id, op): AdminNode,
@@ -593,6 +696,16 @@ pub async fn decommission_preview(
 
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/decommission/execute` `{preview_id, reason}`:
 /// applies the preview's effects in one replicated step if they are unchanged, else 409.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/decommission/execute",
+    tag = "nodes",
+    summary = "Decommission the node as previewed",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = modelforge_proto::api::ExecuteDecommission,
+    responses((status = 200, description = "The node, decommissioned", body = modelforge_proto::api::Decommissioned), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn decommission_execute(
     State(ctx): State<Shared>,
     AdminNode(node_id, op): AdminNode,
@@ -651,22 +764,37 @@ pub async fn decommission_execute(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
+    /// Only events about this node.
     #[serde(default)]
     node_id: Option<String>,
+    /// Only events at or after this RFC 3339 time.
     #[serde(default)]
     since: Option<String>,
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    /// How many at most (default 100).
     #[serde(default)]
     limit: Option<String>,
     /// The `seq` of the last event of the previous page.
+    /// The `next` of the previous page.
     #[serde(default)]
     after: Option<String>,
 }
 
 /// `GET /api/v1/admin/audit?node_id=&since=&limit=&after=`: the trail from seq 1 (archived
 /// events first, then the live ones), a page at a time.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/audit",
+    tag = "cluster",
+    summary = "The audit trail, from seq 1",
+    params(AuditQuery),
+    responses((status = 200, description = "A page of events", body = modelforge_proto::api::AuditPage), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn audit(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -757,6 +885,14 @@ pub async fn audit(
 }
 
 /// `GET /api/v1/admin/state-digest`: a digest of the applied state, to compare members.
+#[utoipa::path(
+    get,
+    path = "/api/v1/cluster/state-digest",
+    tag = "cluster",
+    summary = "A digest of this member's applied state",
+    responses((status = 200, description = "The digest", body = modelforge_proto::api::StateDigest), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn state_digest(
     State(ctx): State<Shared>,
     client: ClientAddr,

@@ -8,7 +8,7 @@
 //! liveness and telemetry in memory -> the first use of a credential is written through Raft
 //! before the 200 (it spends the token's claim); later uses are written coalesced.
 
-use axum::extract::Path;
+use super::extract::Path;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
@@ -125,6 +125,16 @@ pub(super) fn reserve_check(
 /// the token row by its public id and refuse early if it cannot succeed -> argon2-verify the
 /// token -> mint a credential and argon2-hash it -> propose `Enroll`, which decides
 /// atomically in apply (claim, node id, revocation of older credentials, audit) -> 201.
+#[utoipa::path(
+    post,
+    path = "/api/v1/agent/enroll",
+    tag = "agent",
+    operation_id = "heartbeat",
+    operation_id = "report_inventory",
+    summary = "Enrol with a one-time token",
+    request_body = modelforge_proto::wire::EnrollRequest,
+    responses((status = 201, description = "The node id and its credential", body = modelforge_proto::wire::EnrollResponse), super::openapi::WriteRefusals)
+)]
 pub async fn enroll(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -425,6 +435,16 @@ async fn record_use(ctx: &Shared, credential_id: &CredentialId) -> Result<(), Ap
 }
 
 /// `POST /api/v1/agent/nodes/{node_id}/heartbeat`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/agent/nodes/{node_id}/heartbeat",
+    tag = "agent",
+    summary = "Heartbeat with telemetry (`{}` is valid)",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id")),
+    request_body = Option<modelforge_proto::wire::Telemetry>,
+    responses((status = 200, description = "Acknowledged, with any jobs", body = modelforge_proto::wire::HeartbeatResponse), super::openapi::Refusals),
+    security(("agent_credential" = []))
+)]
 pub async fn heartbeat(
     State(ctx): State<Shared>,
     Path(node_id): Path<String>,
@@ -492,6 +512,16 @@ pub async fn heartbeat(
 }
 
 /// `POST /api/v1/agent/nodes/{node_id}/smoke/{smoke_id}`: the agent's smoke report.
+#[utoipa::path(
+    post,
+    path = "/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}",
+    tag = "agent",
+    summary = "Report a capability smoke",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), ("smoke_id" = modelforge_proto::api::SmokeId, Path, description = "The smoke's id")),
+    request_body = modelforge_proto::wire::SmokeReport,
+    responses((status = 200, description = "The verdict", body = modelforge_proto::api::SmokeVerdict), super::openapi::WriteRefusals),
+    security(("agent_credential" = []))
+)]
 pub async fn smoke_report(
     State(ctx): State<Shared>,
     Path((node_id, smoke_id)): Path<(String, String)>,
@@ -559,6 +589,16 @@ pub async fn smoke_report(
 }
 
 /// `PUT /api/v1/agent/nodes/{node_id}/inventory`: replicated only when it changed.
+#[utoipa::path(
+    put,
+    path = "/api/v1/agent/nodes/{node_id}/inventory",
+    tag = "agent",
+    summary = "Report the node's inventory",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id")),
+    request_body = modelforge_proto::wire::Inventory,
+    responses((status = 200, description = "Whether it changed", body = modelforge_proto::api::InventoryChanged), super::openapi::WriteRefusals),
+    security(("agent_credential" = []))
+)]
 pub async fn inventory(
     State(ctx): State<Shared>,
     Path(node_id): Path<String>,

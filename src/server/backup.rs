@@ -19,6 +19,14 @@ use super::extract::authorize;
 use crate::error::ApiError;
 use crate::state::Command;
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/backup",
+    tag = "cluster",
+    summary = "A consistent, checksummed backup of the replicated state",
+    responses((status = 200, description = "The backup file", content_type = "application/octet-stream", body = Vec<u8>), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn backup(
     State(ctx): State<Shared>,
     client: ClientAddr,

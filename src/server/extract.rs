@@ -1,6 +1,7 @@
 //! Request parsing at the edge: JSON bodies with the contract's errors, bearer secrets, ids.
 
 use axum::extract::FromRequest;
+use axum::extract::FromRequestParts;
 use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
@@ -77,6 +78,15 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         } else {
             &bytes
         };
+        // Every body of the API is an object whose arrays hold objects; serde would also take
+        // a struct as an array of its fields (`[]`, `[[null]]`), which the document does not
+        // allow (`tests/openapi.rs` holds every request schema to this shape).
+        if !objects_only(bytes) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidBody,
+                "the request body must be a JSON object, and its arrays must hold objects",
+            ));
+        }
         serde_json::from_slice(bytes).map(JsonBody).map_err(|e| {
             let msg = e.to_string();
             let what = match e.classify() {
@@ -105,6 +115,68 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 format!("{what} (line {}, column {})", e.line(), e.column()),
             )
         })
+    }
+}
+
+/// Whether `json` is an object and every array in it holds only objects, in one pass over the
+/// bytes (the body is parsed for real afterwards; this only looks at what follows each `[` and
+/// each `,` inside an array, outside strings).
+pub fn objects_only(json: &[u8]) -> bool {
+    let mut arrays: Vec<bool> = Vec::new(); // per open bracket: true for an array
+    let mut in_string = false;
+    let mut escaped = false;
+    // After `[` or an array's `,`: the next value must be an object (or `]` right after `[`).
+    let mut want_object: Option<bool> = Some(false); // Some(allow_close)
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if b.is_ascii_whitespace() {
+            continue;
+        }
+        if let Some(allow_close) = want_object.take()
+            && !(b == b'{' || (allow_close && b == b']'))
+        {
+            return false;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' => arrays.push(false),
+            b'[' => {
+                arrays.push(true);
+                want_object = Some(true);
+            }
+            b'}' | b']' => {
+                arrays.pop();
+            }
+            b',' if arrays.last() == Some(&true) => want_object = Some(false),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// `axum::extract::Path` whose refusal is the contract's JSON error (axum's own is plain text,
+/// e.g. for `%ff` in a path segment).
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(t)| Path(t))
+            .map_err(|e| ApiError::new(ErrorCode::InvalidId, format!("the path is not valid: {e}")))
     }
 }
 
@@ -336,5 +408,39 @@ pub async fn refuse_oversized(
             ApiError::too_large().into_response()
         }
         _ => next.run(req).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::objects_only;
+
+    #[test]
+    fn bodies_are_objects_whose_arrays_hold_objects() {
+        for ok in [
+            &b"{}"[..],
+            b" { } ",
+            b"{\"a\": []}",
+            b"{\"a\": [ {}, {\"b\": [{}]} ]}",
+            b"{\"a\": \"[1, [2]]\", \"b\": 1}",
+            b"{\"a\": \"\\\"[\", \"b\": [{}]}",
+            b"{\"a\": {\"b\": null}, \"c\": [{\"d\": \"]\"}]}",
+        ] {
+            assert!(objects_only(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [
+            &b"[]"[..],
+            b"[{}]",
+            b"null",
+            b"\"{}\"",
+            b"{\"a\": [[null, null]]}",
+            b"{\"a\": [1]}",
+            b"{\"a\": [{}, 2]}",
+            b"{\"a\": [\"x\"]}",
+            b"{\"a\": [{}, []]}",
+            b"{\"a\": \"\\\\\", \"b\": [3]}",
+        ] {
+            assert!(!objects_only(bad), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }

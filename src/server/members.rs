@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use axum::extract::Path;
+use super::extract::Path;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
@@ -90,6 +90,17 @@ fn check_url(ctx: &Shared, url: &str) -> Result<String, ApiError> {
 /// `POST /api/v1/admin/cluster/members {"id", "url", "voter"?}`: add `id` as a learner, wait
 /// until it has caught up, then (unless `voter` is false) promote it to voter. Safe to retry:
 /// a learner that timed out is promoted by the retry.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/cluster/members",
+    tag = "cluster",
+    operation_id = "remove_member",
+    operation_id = "add_member",
+    summary = "Add a member (learner, then voter once caught up)",
+    request_body = modelforge_proto::api::AddMember,
+    responses((status = 200, description = "The members after the change", body = modelforge_proto::api::MembersView), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn add(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -115,6 +126,18 @@ pub async fn add(
         if m.voter || !voter || m.url != url {
             return Err(ApiError::of(ErrorCode::MemberExists));
         }
+    }
+    // One process, one vote: a second id at a member's address would be that member
+    // answering (and voting) twice (found by the API fuzz: an add that "caught up" at once).
+    if let Some(m) = status
+        .members
+        .iter()
+        .find(|m| m.id != req.id && same_address(&m.url, &url))
+    {
+        return Err(ApiError::new(
+            ErrorCode::MemberExists,
+            format!("member {} already serves at {url}", m.id),
+        ));
     }
     // Audited first, with its actor: apply refuses a retired id on every member alike.
     ctx.propose(
@@ -153,6 +176,15 @@ pub async fn add(
 /// remove the member, dead or alive. The leader asked to remove itself hands leadership to
 /// the most caught-up voter first and answers 503 `not_leader`: the retry lands on the new
 /// leader, which removes it.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/cluster/members/{id}",
+    tag = "cluster",
+    summary = "Remove a member (its id is retired)",
+    params(("id" = u64, Path, description = "The member's id")),
+    responses((status = 200, description = "The members after the change", body = modelforge_proto::api::MembersView), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn remove(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -230,6 +262,13 @@ pub async fn remove(
         })
         .await;
     Ok(members_answer(&ctx))
+}
+
+/// Whether two member urls name the same listener (scheme, host and port; case and a trailing
+/// slash aside).
+fn same_address(a: &str, b: &str) -> bool {
+    let norm = |u: &str| u.trim_end_matches('/').to_ascii_lowercase();
+    norm(a) == norm(b)
 }
 
 /// Client requests on a member that is not (or no longer) in the cluster's configuration:

@@ -16,6 +16,7 @@ mod extract;
 mod forward;
 mod members;
 pub mod observe;
+mod openapi;
 mod operators;
 mod peer;
 pub mod peer_auth;

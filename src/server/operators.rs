@@ -2,7 +2,7 @@
 //! Only the SHA-256 of a token's secret is replicated; the plaintext is answered once. See
 //! ARCHITECTURE "Operators and roles".
 
-use axum::extract::Path;
+use super::extract::Path;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
@@ -40,6 +40,18 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 
 /// `POST /api/v1/admin/tokens {"name", "role", "reason"?}` 201 `{"name", "role", "token",
 /// "created_at"}`: the token is shown here once.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/tokens",
+    tag = "operators",
+    operation_id = "delete_token",
+    operation_id = "list_tokens",
+    operation_id = "create_token",
+    summary = "Create a named admin token (shown once)",
+    request_body = modelforge_proto::api::CreateOperatorToken,
+    responses((status = 201, description = "The token, shown this once", body = modelforge_proto::api::OperatorTokenCreated), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn create(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -98,6 +110,14 @@ pub async fn create(
 }
 
 /// `GET /api/v1/admin/tokens`: names, roles, creators; never a secret or its hash.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/tokens",
+    tag = "operators",
+    summary = "List the named admin tokens (never a secret)",
+    responses((status = 200, description = "The tokens", body = modelforge_proto::api::OperatorList), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn list(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -125,6 +145,16 @@ pub async fn list(
 
 /// `DELETE /api/v1/admin/tokens/{name}` `{"reason"?}`: when it returns, no member accepts the
 /// token (every member looks a named token up only after a linearized read).
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/tokens/{name}",
+    tag = "operators",
+    summary = "Delete a named admin token",
+    params(("name" = String, Path, description = "The token's name"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = Option<modelforge_proto::api::ReasonRequest>,
+    responses((status = 200, description = "Deleted: no member accepts it any more", body = modelforge_proto::api::OperatorDeleted), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn delete(
     State(ctx): State<Shared>,
     client: ClientAddr,

@@ -67,6 +67,9 @@ async fn authenticate(
     req: axum::extract::Request,
 ) -> Result<axum::extract::Request, ApiError> {
     let signed = verify_peer(ctx, &req)?;
+    if req.uri().path().starts_with(RAFT) {
+        for_this_member(ctx, req.uri())?;
+    }
     let (mut parts, body) = req.into_parts();
     if parts.uri.path() == SNAPSHOT {
         // Streamed by its handler, which checks the digest once the body is on disk.
@@ -82,6 +85,36 @@ async fn authenticate(
         parts,
         axum::body::Body::from(bytes),
     ))
+}
+
+/// A Raft RPC must name this member as its target (`?to=<id>`, signed with the path): a
+/// process reached under two member ids (one address added twice) answers for neither but
+/// its own, so it can never vote twice.
+fn for_this_member(ctx: &Ctx, uri: &axum::http::Uri) -> Result<(), ApiError> {
+    let key = modelforge_raft::network::TO_QUERY;
+    let to = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='));
+    let me = ctx.cfg.node_id;
+    match to.map(str::parse::<u64>) {
+        Some(Ok(id)) if id == me => Ok(()),
+        Some(Ok(id)) => {
+            tracing::warn!(
+                to = id,
+                "refused a Raft RPC for member {id}: this is member {me} (is one address in the configuration under two ids?)"
+            );
+            Err(ApiError::new(
+                ErrorCode::PeerUnauthenticated,
+                format!("this Raft RPC is for member {id}; this is member {me}"),
+            ))
+        }
+        _ => Err(ApiError::new(
+            ErrorCode::PeerUnauthenticated,
+            format!("a Raft RPC names its target member (?{key}=<id>)"),
+        )),
+    }
 }
 
 /// The certificate and header checks of a peer request (its body not read yet).

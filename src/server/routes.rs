@@ -15,94 +15,47 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::routing::post;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// The agent's routes but enrolment (which has its own bounds: the argon2 queue and the
 /// failed-check budgets): admitted by `edge::admit_agent` on the member that processes them.
-fn agent_routes(ctx: Shared) -> Router<Shared> {
-    Router::new()
-        .route(
-            "/api/v1/agent/nodes/{node_id}/heartbeat",
-            post(agent::heartbeat),
-        )
-        .route(
-            "/api/v1/agent/nodes/{node_id}/inventory",
-            axum::routing::put(agent::inventory),
-        )
-        .route(
-            "/api/v1/agent/nodes/{node_id}/smoke/{smoke_id}",
-            post(agent::smoke_report),
-        )
+fn agent_routes(ctx: Shared) -> OpenApiRouter<Shared> {
+    OpenApiRouter::new()
+        .routes(routes!(agent::heartbeat))
+        .routes(routes!(agent::inventory))
+        .routes(routes!(agent::smoke_report))
         .route_layer(axum::middleware::from_fn_with_state(
             ctx,
             super::edge::admit_agent,
         ))
 }
 
-/// The whole route table of a member.
+/// The whole route table of a member. Every `/api/v1` route registers with its handler's
+/// `#[utoipa::path]`, so the served OpenAPI document covers each one (`openapi.rs`).
 pub fn router(ctx: Shared) -> Router {
-    let leader_routes = Router::new()
-        .route("/api/v1/agent/enroll", post(agent::enroll))
-        .route(
-            "/api/v1/admin/node-enrollments",
-            post(admin::create_enrollment).get(admin::list_enrollments),
-        )
-        .route(
-            "/api/v1/admin/node-enrollments/{enrollment_id}",
-            axum::routing::delete(admin::cancel_enrollment),
-        )
-        .route("/api/v1/admin/hardware/nodes", get(admin::list_nodes))
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}",
-            get(admin::show_node),
-        )
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/credentials",
-            get(admin::list_credentials),
-        )
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/telemetry",
-            get(admin::telemetry),
-        )
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/credential",
-            axum::routing::delete(admin::revoke_credential),
-        )
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/decommission/preview",
-            post(admin::decommission_preview),
-        )
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/decommission/execute",
-            post(admin::decommission_execute),
-        )
-        .route("/api/v1/admin/audit", get(admin::audit))
-        .route(
-            "/api/v1/admin/tokens",
-            post(operators::create).get(operators::list),
-        )
-        .route(
-            "/api/v1/admin/tokens/{name}",
-            axum::routing::delete(operators::delete),
-        )
-        .route("/api/v1/admin/cluster/members", post(super::members::add))
-        .route(
-            "/api/v1/admin/cluster/members/{id}",
-            axum::routing::delete(super::members::remove),
-        )
-        .route("/api/v1/allocations", post(scheduler::allocate))
-        .route(
-            "/api/v1/allocations/{allocation_id}",
-            axum::routing::delete(scheduler::release),
-        )
-        .route("/api/v1/admin/scheduler", get(scheduler::view))
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/smoke",
-            post(scheduler::start_smoke),
-        )
-        .route(
-            "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}",
-            get(scheduler::show_smoke),
-        )
+    let leader_routes = OpenApiRouter::new()
+        .routes(routes!(agent::enroll))
+        .routes(routes!(admin::create_enrollment, admin::list_enrollments))
+        .routes(routes!(admin::cancel_enrollment))
+        .routes(routes!(admin::list_nodes))
+        .routes(routes!(admin::show_node))
+        .routes(routes!(admin::list_credentials))
+        .routes(routes!(admin::telemetry))
+        .routes(routes!(admin::revoke_credential))
+        .routes(routes!(admin::decommission_preview))
+        .routes(routes!(admin::decommission_execute))
+        .routes(routes!(admin::audit))
+        .routes(routes!(operators::create, operators::list))
+        .routes(routes!(operators::delete))
+        .routes(routes!(super::members::add))
+        .routes(routes!(super::members::remove))
+        .routes(routes!(scheduler::allocate))
+        .routes(routes!(scheduler::release))
+        .routes(routes!(scheduler::view))
+        .routes(routes!(scheduler::start_smoke))
+        .routes(routes!(scheduler::show_smoke))
         .merge(agent_routes(ctx.clone()))
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
@@ -117,6 +70,15 @@ pub fn router(ctx: Shared) -> Router {
             ctx.clone(),
             super::members::membership_gate,
         ));
+    let (api_routes, api) = OpenApiRouter::with_openapi(super::openapi::ApiDoc::openapi())
+        .routes(routes!(cluster))
+        .routes(routes!(admin::state_digest))
+        .routes(routes!(cluster_ca))
+        .routes(routes!(backup::backup))
+        .routes(routes!(super::openapi::document))
+        .merge(leader_routes)
+        .split_for_parts();
+    super::openapi::publish(&api);
     let peer_routes = Router::new()
         .route(SNAPSHOT, post(peer_snapshot))
         .route(&format!("{RAFT}{{kind}}"), post(peer_rpc))
@@ -142,11 +104,7 @@ pub fn router(ctx: Shared) -> Router {
         .route("/ui/", get(super::ui::index))
         .route("/ui/app.js", get(super::ui::script))
         .route("/ui/app.css", get(super::ui::style))
-        .route("/api/v1/cluster", get(cluster))
-        .route("/api/v1/cluster/state-digest", get(admin::state_digest))
-        .route("/api/v1/cluster/ca", get(cluster_ca))
-        .route("/api/v1/admin/backup", get(backup::backup))
-        .merge(leader_routes)
+        .merge(api_routes)
         .merge(peer_routes)
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -176,6 +134,13 @@ pub(super) async fn healthz() -> Response {
 
 /// `GET /api/v1/cluster/ca` (no auth): the cluster CA certificate as PEM text, for agents that
 /// pin it by hash and clients that trust it. 404 on a member serving plain HTTP.
+#[utoipa::path(
+    get,
+    path = "/api/v1/cluster/ca",
+    tag = "cluster",
+    summary = "The cluster CA certificate (PEM)",
+    responses((status = 200, description = "The CA certificate", content_type = "application/x-pem-file", body = String), super::openapi::Refusals)
+)]
 pub(super) async fn cluster_ca(State(ctx): State<Shared>) -> Result<Response, ApiError> {
     match &ctx.ca {
         Some((pem, _)) => Ok((
@@ -190,6 +155,14 @@ pub(super) async fn cluster_ca(State(ctx): State<Shared>) -> Result<Response, Ap
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/cluster",
+    tag = "cluster",
+    summary = "The cluster as this member sees it",
+    responses((status = 200, description = "The cluster", body = modelforge_proto::api::ClusterView), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub(super) async fn cluster(
     State(ctx): State<Shared>,
     client: extract::ClientAddr,

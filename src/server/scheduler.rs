@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use axum::extract::Path;
+use super::extract::Path;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
@@ -74,6 +74,18 @@ fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<Stri
 }
 
 /// `POST /api/v1/allocations`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/allocations",
+    tag = "scheduler",
+    operation_id = "release_allocation",
+    operation_id = "scheduler_view",
+    summary = "Place an allocation on verified accelerators",
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    request_body = modelforge_proto::api::AllocationRequest,
+    responses((status = 201, description = "The placement", body = modelforge_proto::api::AllocationPlaced), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn allocate(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -183,6 +195,15 @@ fn created(allocation_id: &AllocationId, node_id: &NodeId, uuids: &[String]) -> 
 }
 
 /// `DELETE /api/v1/allocations/{allocation_id}`.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/allocations/{allocation_id}",
+    tag = "scheduler",
+    summary = "Release an allocation",
+    params(("allocation_id" = modelforge_proto::api::AllocationId, Path, description = "The allocation's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    responses((status = 200, description = "Released", body = modelforge_proto::api::AllocationReleased), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn release(
     State(ctx): State<Shared>,
     Path(allocation_id): Path<String>,
@@ -211,6 +232,14 @@ pub async fn release(
 }
 
 /// `GET /api/v1/admin/scheduler`: every enabled node as the scheduler sees it.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/scheduler",
+    tag = "scheduler",
+    summary = "Every enabled node as the scheduler sees it",
+    responses((status = 200, description = "The scheduler's view", body = modelforge_proto::api::SchedulerView), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn view(
     State(ctx): State<Shared>,
     client: ClientAddr,
@@ -285,6 +314,15 @@ pub async fn view(
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/smoke` -> 202 `{smoke_id}`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/smoke",
+    tag = "scheduler",
+    summary = "Start a capability smoke on the node",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
+    responses((status = 202, description = "Started; the agent runs it with its next heartbeat", body = modelforge_proto::api::SmokeStarted), super::openapi::WriteRefusals),
+    security(("admin_token" = []))
+)]
 pub async fn start_smoke(
     State(ctx): State<Shared>,
     AdminNode(node_id, op): AdminNode,
@@ -310,6 +348,15 @@ pub async fn start_smoke(
 }
 
 /// `GET /api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}`.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/hardware/nodes/{node_id}/smoke/{smoke_id}",
+    tag = "scheduler",
+    summary = "Show a capability smoke",
+    params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id"), ("smoke_id" = modelforge_proto::api::SmokeId, Path, description = "The smoke's id")),
+    responses((status = 200, description = "The smoke", body = modelforge_proto::api::SmokeView), super::openapi::Refusals),
+    security(("admin_token" = []))
+)]
 pub async fn show_smoke(
     State(ctx): State<Shared>,
     AdminNode(node_id, _): AdminNode,

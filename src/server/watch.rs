@@ -63,12 +63,19 @@ pub fn blocking(
     };
     let index = match index {
         None => None,
-        Some(i) => Some(i.parse::<u64>().map_err(|_| {
-            ApiError::new(
-                ErrorCode::InvalidQuery,
-                "index must be a whole number (the X-Modelforge-Index of an earlier answer)",
-            )
-        })?),
+        // At most i64::MAX: the document says int64, what JSON clients hold exactly (an
+        // index never gets near it).
+        Some(i) => Some(
+            i.parse::<u64>()
+                .ok()
+                .filter(|i| *i <= i64::MAX as u64)
+                .ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::InvalidQuery,
+                        "index must be a whole number from 0 to 2^63-1 (the X-Modelforge-Index of an earlier answer)",
+                    )
+                })?,
+        ),
     };
     Ok(index.map(|i| (i, wait.unwrap_or(DEFAULT_WAIT))))
 }

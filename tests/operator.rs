@@ -710,3 +710,123 @@ async fn old_audit_events_move_to_every_members_archive_and_a_lost_archive_is_re
     assert_eq!(out["verified"], true, "{out}");
     assert!(out["events"].as_u64().unwrap() >= total, "{out}");
 }
+
+/// Issue 17 item 9: the CLI's outputs and its confirmation. `-o table` shows ages, `-o wide`
+/// adds columns (GPU models, full times), `-o yaml` is the answer as YAML; `--since` takes a
+/// duration back from now; no progress bar reaches a stderr that is not a terminal; revoking
+/// asks on a terminal (declined: nothing revoked) and not in a script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_table_wide_and_yaml_and_asks_before_revoking() {
+    assert!(
+        std::path::Path::new("/usr/bin/script").exists(),
+        "this test needs `script` for a pseudo-terminal: apt-get install bsdutils"
+    );
+    let mut c = Cluster::start(1).await;
+    let (_a, nid, _) = c.enrol_one("cli-host").await;
+    let url = c.url(1);
+    // The agent's first heartbeat lands right after enrolment.
+    let urls = c.urls();
+    wait_until("a heartbeat", WAIT, || {
+        let (urls, nid) = (urls.clone(), nid.clone());
+        async move {
+            node_view(&urls, &nid)
+                .await?
+                .summary
+                .last_heartbeat_at
+                .map(|_| ())
+        }
+    })
+    .await;
+
+    let (code, table, err) = admin_cli(&url, &["nodes", "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    let header = table.lines().next().unwrap();
+    assert!(
+        header.starts_with("NODE  ") && !header.contains("GPU MODELS"),
+        "{table}"
+    );
+    assert!(table.contains(" ago"), "an age, not a time: {table}");
+    let (code, wide, err) = admin_cli(&url, &["nodes", "list", "-o", "wide"]).await;
+    assert_eq!(code, 0, "{err}");
+    let header = wide.lines().next().unwrap();
+    assert!(
+        header.contains("GPU MODELS") && header.contains("ENROLLED"),
+        "{wide}"
+    );
+    assert!(
+        wide.contains("(simulated)") && wide.contains(&nid),
+        "{wide}"
+    );
+    assert!(!wide.contains(" ago"), "full times: {wide}");
+    let (code, yaml, err) = admin_cli(&url, &["nodes", "list", "-o", "yaml"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(yaml.contains(&format!("node_id: {nid}")), "{yaml}");
+    assert!(yaml.contains("hostname: host-cli-host"), "{yaml}");
+    assert!(
+        serde_json::from_str::<Value>(&yaml).is_err(),
+        "YAML, not JSON: {yaml}"
+    );
+
+    // `--since 1h`: the node's enrolment, minutes old, is in it; `--since` in the future: none.
+    let (code, v) = admin_json(&url, &["audit", "list", "--since", "1h"]).await;
+    assert_eq!(code, 0, "{v}");
+    assert!(!v["events"].as_array().unwrap().is_empty(), "{v}");
+    let (code, _, err) = admin_cli(&url, &["audit", "list", "--since", "soon"]).await;
+    assert_eq!(code, 2, "{err}");
+
+    // No progress bar on a stderr that is not a terminal.
+    let file = c.root().join("cli.backup");
+    let (code, _, err) = admin_cli(&url, &["backup", "--out", file.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !err.contains('\r') && !err.contains("downloading"),
+        "{err:?}"
+    );
+
+    // Revoke on a terminal: asked; "no" changes nothing (exit 4).
+    let cmd = format!(
+        "{} admin nodes revoke-credential {nid} --reason 'lost laptop' --server {url}",
+        server_bin().display()
+    );
+    let mut child = tokio::process::Command::new("/usr/bin/script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"no\n").await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    assert!(
+        text.contains("Revoke every active credential") && text.contains("lost laptop"),
+        "{text}"
+    );
+    assert_eq!(
+        c.node(&nid).await.summary.active_credentials,
+        1,
+        "declined: nothing revoked"
+    );
+    // In a script (stdin not a terminal) it goes on.
+    let (code, out, err) = admin_cli(
+        &url,
+        &[
+            "nodes",
+            "revoke-credential",
+            &nid,
+            "--reason",
+            "lost laptop",
+            "-q",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert_eq!(c.node(&nid).await.summary.active_credentials, 0);
+}

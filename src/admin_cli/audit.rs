@@ -47,11 +47,9 @@ pub struct Broken {
 }
 
 fn parse_ms(s: &str) -> Option<i64> {
-    humantime::parse_rfc3339_weak(s)
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
+    s.parse::<jiff::Timestamp>()
         .ok()
-        .map(|d| d.as_millis() as i64)
+        .map(jiff::Timestamp::as_millisecond)
 }
 
 /// Recompute the chain over `events` (a JSON array, oldest first, starting at seq 1).

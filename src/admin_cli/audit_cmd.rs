@@ -1,7 +1,5 @@
 //! `modelforge admin audit list|export|verify`: the audit trail, verified on this side too.
 
-use std::time::Duration;
-
 use modelforge_proto::api;
 use serde_json::Value;
 use serde_json::json;
@@ -16,7 +14,7 @@ use super::client::Client;
 use super::output::arr;
 use super::output::emit_or_quiet;
 use super::output::s;
-use super::output::table;
+use super::output::table_wide;
 use super::usage;
 
 pub(super) fn verify_and_report(
@@ -82,7 +80,7 @@ pub(super) async fn audit_cmd(
             }
             if let Some(t) = since {
                 let utc = since_utc(t).ok_or_else(|| {
-                    usage("--since must be an RFC 3339 time, e.g. 2026-12-02T10:00:00Z")
+                    usage("--since must be an RFC 3339 time (2026-12-02T10:00:00Z) or a duration back from now (2h)")
                 })?;
                 q.push(format!("since={utc}"));
             }
@@ -95,22 +93,31 @@ pub(super) async fn audit_cmd(
             let events = &page.events;
             let seqs = events.iter().map(|e| e.record.seq.to_string()).collect();
             emit_or_quiet(args, &v, seqs, || {
-                let mut out = table(
+                let mut out = table_wide(
+                    args,
                     &[
                         "SEQ", "AT", "ACTOR", "ACTION", "TARGET", "RESULT", "REQUEST",
                     ],
+                    &["REASON", "LOG INDEX", "HASH"],
                     events
                         .iter()
                         .map(|e| {
-                            vec![
-                                e.record.seq.to_string(),
-                                e.at.clone(),
-                                e.record.actor.clone(),
-                                e.record.action.clone(),
-                                e.record.target.clone(),
-                                e.record.result.clone(),
-                                e.record.request_id.clone(),
-                            ]
+                            (
+                                vec![
+                                    e.record.seq.to_string(),
+                                    e.at.clone(),
+                                    e.record.actor.clone(),
+                                    e.record.action.clone(),
+                                    e.record.target.clone(),
+                                    e.record.result.clone(),
+                                    e.record.request_id.clone(),
+                                ],
+                                vec![
+                                    e.record.reason.clone().unwrap_or_else(|| "-".into()),
+                                    e.record.log_index.to_string(),
+                                    e.record.hash.clone(),
+                                ],
+                            )
                         })
                         .collect(),
                 );
@@ -164,32 +171,19 @@ pub(super) async fn audit_cmd(
     }
 }
 
-/// An RFC 3339 time (with `Z` or a `±HH:MM` offset) as UTC with `Z`, which the server takes.
+/// `--since`: an RFC 3339 time (with `Z` or an offset), or a duration back from now (`90m`,
+/// `2h`, `7days`), as the UTC time with `Z` the server takes.
 pub(super) fn since_utc(t: &str) -> Option<String> {
     let t = t.trim();
-    let (local, offset_s) = match t
-        .len()
-        .checked_sub(6)
-        .filter(|i| t.is_char_boundary(*i))
-        .map(|i| t.split_at(i))
-    {
-        Some((local, off))
-            if (off.starts_with('+') || off.starts_with('-')) && off.as_bytes()[3] == b':' =>
-        {
-            let h: i64 = off[1..3].parse().ok()?;
-            let m: i64 = off[4..6].parse().ok()?;
-            let sign = if off.starts_with('-') { -1 } else { 1 };
-            (local, sign * (h * 3600 + m * 60))
+    let at = match super::output::parse_time(t) {
+        Some(at) => at,
+        None => {
+            let back = humantime::parse_duration(t).ok()?;
+            let back = jiff::SignedDuration::try_from(back).ok()?;
+            jiff::Timestamp::now().checked_sub(back).ok()?
         }
-        _ => (t, 0),
     };
-    let at = humantime::parse_rfc3339_weak(local).ok()?;
-    let at = if offset_s >= 0 {
-        at.checked_sub(Duration::from_secs(offset_s as u64))?
-    } else {
-        at.checked_add(Duration::from_secs((-offset_s) as u64))?
-    };
-    Some(humantime::format_rfc3339_millis(at).to_string())
+    Some(format!("{at:.3}"))
 }
 
 #[cfg(test)]
@@ -211,6 +205,11 @@ mod tests {
             Some("2026-12-02T10:00:00.000Z")
         );
         assert_eq!(since_utc("yesterday"), None);
+        // A duration back from now.
+        let hour_ago = since_utc("1h").unwrap();
+        let at: jiff::Timestamp = hour_ago.parse().unwrap();
+        let back = jiff::Timestamp::now().as_millisecond() - at.as_millisecond();
+        assert!((3_599_000..3_700_000).contains(&back), "{hour_ago}");
         assert_eq!(since_utc("2026-12-02T10:00:0ééé"), None);
     }
 }

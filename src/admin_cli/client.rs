@@ -32,6 +32,9 @@ pub struct Client {
     idempotency_key: String,
     /// How long one call keeps trying members that do not answer or answer 503.
     failover_deadline: Duration,
+    /// Shows long reads (lists of many pages, downloads); hidden unless stderr is a terminal
+    /// (`output::progress`).
+    pub progress: indicatif::ProgressBar,
 }
 
 impl Client {
@@ -54,6 +57,7 @@ impl Client {
             tls,
             idempotency_key: format!("cli-{}", modelforge_proto::new_uuid()),
             failover_deadline,
+            progress: indicatif::ProgressBar::hidden(),
         })
     }
 
@@ -135,9 +139,19 @@ impl Client {
             after = v.get("next").and_then(Value::as_str).map(str::to_string);
             let full = most.is_some_and(|m| items.len() >= m);
             if after.is_none() || full {
+                self.progress.finish_and_clear();
                 v[field] = Value::Array(items);
                 return typed(v, path);
             }
+            // More pages: a counter on the terminal.
+            if self.progress.position() == 0 {
+                self.progress.set_style(
+                    indicatif::ProgressStyle::with_template("{spinner} {msg}: {pos} {elapsed}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+                );
+                self.progress.set_message(format!("reading {field}"));
+            }
+            self.progress.set_position(items.len() as u64);
         }
     }
 
@@ -202,7 +216,17 @@ impl Client {
                 Ok(mut resp) if resp.status().is_success() => {
                     let total = resp.content_length();
                     let mut out = Vec::with_capacity(total.unwrap_or(0) as usize);
-                    let mut shown = 0u64;
+                    self.progress.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+                        )
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                        .progress_chars("=> "),
+                    );
+                    self.progress.set_message("downloading");
+                    if let Some(t) = total {
+                        self.progress.set_length(t);
+                    }
                     loop {
                         match resp.chunk().await {
                             Ok(Some(chunk)) => out.extend_from_slice(&chunk),
@@ -215,20 +239,9 @@ impl Client {
                                 )));
                             }
                         }
-                        let got = out.len() as u64;
-                        if got - shown >= 8 << 20 {
-                            shown = got;
-                            match total {
-                                Some(t) => eprintln!(
-                                    "  {:.1} of {:.1} MiB ({:.0}%)",
-                                    got as f64 / 1048576.0,
-                                    t as f64 / 1048576.0,
-                                    got as f64 * 100.0 / t.max(1) as f64
-                                ),
-                                None => eprintln!("  {:.1} MiB", got as f64 / 1048576.0),
-                            }
-                        }
+                        self.progress.set_position(out.len() as u64);
                     }
+                    self.progress.finish_and_clear();
                     return Ok(out);
                 }
                 Ok(resp) => {

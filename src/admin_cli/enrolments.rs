@@ -10,7 +10,7 @@ use super::Fail;
 use super::client::Client;
 use super::output::emit_or_quiet;
 use super::output::opt;
-use super::output::table;
+use super::output::table_wide;
 use super::usage;
 
 pub(super) async fn enrollments(
@@ -56,7 +56,8 @@ pub(super) async fn enrollments(
             let rows = list.enrollments;
             let ids = rows.iter().map(|r| r.enrollment_id.to_string()).collect();
             emit_or_quiet(args, &v, ids, || {
-                table(
+                table_wide(
+                    args,
                     &[
                         "ENROLLMENT",
                         "STATE",
@@ -65,16 +66,20 @@ pub(super) async fn enrollments(
                         "CLAIMED BY",
                         "NOTE",
                     ],
+                    &["CLAIMED", "CANCELLED"],
                     rows.iter()
                         .map(|r| {
-                            vec![
-                                r.enrollment_id.to_string(),
-                                r.state.to_string(),
-                                r.created_at.clone(),
-                                r.expires_at.clone(),
-                                opt(&r.claimed_node_id),
-                                opt(&r.note),
-                            ]
+                            (
+                                vec![
+                                    r.enrollment_id.to_string(),
+                                    r.state.to_string(),
+                                    r.created_at.clone(),
+                                    r.expires_at.clone(),
+                                    opt(&r.claimed_node_id),
+                                    opt(&r.note),
+                                ],
+                                vec![opt(&r.claimed_at), opt(&r.cancelled_at)],
+                            )
                         })
                         .collect(),
                 )

@@ -48,9 +48,20 @@ pub(super) async fn members(
                 url: url.clone(),
                 voter: Some(!learner),
             };
-            let (view, v): (api::MembersView, _) = c
+            // The answer waits for the new member to catch up (up to 40 s): a spinner meanwhile.
+            c.progress.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            c.progress
+                .set_message(format!("adding member {id}: waiting for it to catch up"));
+            c.progress
+                .enable_steady_tick(std::time::Duration::from_millis(150));
+            let answer = c
                 .write_typed(Method::POST, "/api/v1/admin/cluster/members", &body, None)
-                .await?;
+                .await;
+            c.progress.finish_and_clear();
+            let (view, v): (api::MembersView, _) = answer?;
             (view.members, v)
         }
         MemberCmd::Remove { id } => {

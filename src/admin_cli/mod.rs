@@ -68,7 +68,7 @@ pub struct AdminArgs {
     /// ./modelforge-data/admin.token when it exists).
     #[arg(long, global = true)]
     pub admin_token_file: Option<PathBuf>,
-    /// `table` (for people) or `json` (for scripts).
+    /// `table` or `wide` (for people), `json` or `yaml` (for scripts).
     #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
     pub output: Output,
     /// Print only the primary value (an id, a token), one per line.
@@ -83,8 +83,14 @@ pub struct AdminArgs {
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
+    /// Tables for people.
     Table,
+    /// Tables with more columns (full times, GPUs, reasons, hashes).
+    Wide,
+    /// The member's answer as sent, for scripts.
     Json,
+    /// The same as YAML.
+    Yaml,
 }
 
 #[derive(Subcommand, Debug)]
@@ -242,11 +248,15 @@ pub enum NodeCmd {
     /// A node's credentials (no hashes, ever).
     Credentials { node_id: String },
     /// Revoke a node's active credential (permanent).
+    /// Asks for confirmation when stdin is a terminal (`--yes` does not).
     RevokeCredential {
         node_id: String,
         /// Why (kept in the audit trail).
         #[arg(long)]
         reason: String,
+        /// Do not ask for confirmation on the terminal.
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -471,6 +481,7 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
     };
     let mut c = Client::new(urls, token, args.timeout, tls)
         .map_err(|e| Fail(EXIT_UNREACHABLE, e.to_string()))?;
+    c.progress = output::progress(&args);
     match &args.command {
         AdminCmd::Cluster => {
             let (view, v): (api::ClusterView, _) = c.get_typed("/api/v1/cluster").await?;

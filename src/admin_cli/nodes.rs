@@ -14,10 +14,13 @@ use super::EXIT_UNREACHABLE;
 use super::Fail;
 use super::NodeCmd;
 use super::client::Client;
+use super::output::ago;
+use super::output::confirm;
 use super::output::emit_or_quiet;
 use super::output::list_text;
 use super::output::opt;
 use super::output::table;
+use super::output::table_wide;
 use super::usage;
 
 /// `modelforge admin smoke <node>`: start the smoke, wait for the agent's report.
@@ -79,22 +82,40 @@ pub(super) async fn smoke_cmd(
     Ok(if passed { EXIT_OK } else { EXIT_REFUSED })
 }
 
-pub(super) fn node_rows(nodes: &[api::NodeSummary]) -> Vec<Vec<String>> {
-    nodes
+/// The node table (`-o wide` adds the GPU models, driver, CUDA, NVML and enrolment time).
+pub(super) fn nodes_table(args: &AdminArgs, nodes: &[api::NodeSummary]) -> String {
+    let rows = nodes
         .iter()
         .map(|n| {
-            vec![
-                n.node_id.to_string(),
-                n.hostname.clone(),
-                n.status.to_string(),
-                n.enabled.to_string(),
-                opt(&n.last_heartbeat_at),
-                n.accelerators.len().to_string(),
-                n.active_credentials.to_string(),
-                n.hostname_conflicts.join(","),
-            ]
+            let mut models: Vec<&str> = n.accelerators.iter().map(|a| a.name.as_str()).collect();
+            models.dedup();
+            (
+                vec![
+                    n.node_id.to_string(),
+                    n.hostname.clone(),
+                    n.status.to_string(),
+                    n.enabled.to_string(),
+                    ago(args, &n.last_heartbeat_at),
+                    n.accelerators.len().to_string(),
+                    n.active_credentials.to_string(),
+                    n.hostname_conflicts.join(","),
+                ],
+                vec![
+                    models.join(","),
+                    opt(&n.driver_version),
+                    opt(&n.cuda_version),
+                    opt(&n.nvml),
+                    n.enrolled_at.clone(),
+                ],
+            )
         })
-        .collect()
+        .collect();
+    table_wide(
+        args,
+        &NODE_HEADERS,
+        &["GPU MODELS", "DRIVER", "CUDA", "NVML", "ENROLLED"],
+        rows,
+    )
 }
 
 pub(super) const NODE_HEADERS: [&str; 8] = [
@@ -133,15 +154,13 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
             if *watch {
                 return watch_view(args, c, &path, async |c: &mut Client| {
                     let (list, v): (api::Nodes, _) = c.get_all_typed(&path, "nodes", None).await?;
-                    Ok((v, table(&NODE_HEADERS, node_rows(&list.nodes))))
+                    Ok((v, nodes_table(args, &list.nodes)))
                 })
                 .await;
             }
             let (list, v): (api::Nodes, _) = c.get_all_typed(&path, "nodes", None).await?;
             let ids = list.nodes.iter().map(|n| n.node_id.to_string()).collect();
-            emit_or_quiet(args, &v, ids, || {
-                table(&NODE_HEADERS, node_rows(&list.nodes))
-            });
+            emit_or_quiet(args, &v, ids, || nodes_table(args, &list.nodes));
         }
         NodeCmd::Show { node_id, watch } => {
             let path = format!("/api/v1/admin/hardware/nodes/{node_id}");
@@ -174,25 +193,41 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
                     "node {node_id}: {} active, {} revoked\n",
                     list.active, list.revoked
                 );
-                out.push_str(&table(
+                out.push_str(&table_wide(
+                    args,
                     &["CREDENTIAL", "CREATED", "LAST USED", "REVOKED", "REASON"],
+                    &["ENROLMENT"],
                     creds
                         .iter()
                         .map(|c| {
-                            vec![
-                                c.credential_id.to_string(),
-                                c.created_at.clone(),
-                                opt(&c.last_used_at),
-                                opt(&c.revoked_at),
-                                opt(&c.revoked_reason),
-                            ]
+                            (
+                                vec![
+                                    c.credential_id.to_string(),
+                                    c.created_at.clone(),
+                                    ago(args, &c.last_used_at),
+                                    opt(&c.revoked_at),
+                                    opt(&c.revoked_reason),
+                                ],
+                                vec![opt(&c.enrollment_id)],
+                            )
                         })
                         .collect(),
                 ));
                 out
             });
         }
-        NodeCmd::RevokeCredential { node_id, reason } => {
+        NodeCmd::RevokeCredential {
+            node_id,
+            reason,
+            yes,
+        } => {
+            confirm(
+                &format!(
+                    "Revoke every active credential of node {node_id} (reason: {reason})? Its agent \
+                     is refused from then on and must enrol again with a new token."
+                ),
+                *yes,
+            )?;
             let body = api::RevokeRequest {
                 reason: Some(reason.clone()),
             };
@@ -292,10 +327,11 @@ async fn watch_view(
             Ok((v, text)) => {
                 let out = match args.output {
                     super::Output::Json => serde_json::to_string(&v).unwrap_or_default() + "\n",
-                    super::Output::Table if tty => {
+                    super::Output::Yaml => format!("---\n{}", super::output::yaml(&v)),
+                    super::Output::Table | super::Output::Wide if tty => {
                         format!("\x1b[H\x1b[2J{}", super::output::printable(&text))
                     }
-                    super::Output::Table => {
+                    super::Output::Table | super::Output::Wide => {
                         format!("# index {index}\n{}", super::output::printable(&text))
                     }
                 };

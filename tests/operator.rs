@@ -583,6 +583,29 @@ async fn the_doctor_names_each_runbook_case() {
     );
 }
 
+/// `cmd` run by a shell on a pseudo-terminal (`script`) with `answer` typed into it: its exit
+/// status and what the terminal showed.
+async fn on_terminal(cmd: &str, answer: &str) -> (i32, String) {
+    let mut child = tokio::process::Command::new("/usr/bin/script")
+        .args(["-qec", cmd, "/dev/null"])
+        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
+        .env("MODELFORGE_CACERT", &harness_ca().cert)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(answer.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decommission_execute_asks_on_a_terminal() {
     // A missing prerequisite fails the test (CI installs it), never skips it silently.
@@ -595,32 +618,11 @@ async fn decommission_execute_asks_on_a_terminal() {
     let url = c.url(1);
     let (_, pid, _) = admin_cli(&url, &["decommission", "preview", &nid, "-q"]).await;
     let pid = pid.trim().to_string();
-    let on_terminal = |answer: &'static str| {
-        let cmd = format!(
-            "{} admin decommission execute {nid} --preview-id {pid} --reason retired --server {url}",
-            server_bin().display()
-        );
-        async move {
-            let mut child = tokio::process::Command::new("/usr/bin/script")
-                .args(["-qec", &cmd, "/dev/null"])
-                .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-                .env("MODELFORGE_CACERT", &harness_ca().cert)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            use tokio::io::AsyncWriteExt;
-            let mut stdin = child.stdin.take().unwrap();
-            stdin.write_all(answer.as_bytes()).await.unwrap();
-            drop(stdin);
-            let out = child.wait_with_output().await.unwrap();
-            (
-                out.status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-            )
-        }
-    };
+    let cmd = format!(
+        "{} admin decommission execute {nid} --preview-id {pid} --reason retired --server {url}",
+        server_bin().display()
+    );
+    let on_terminal = |answer: &'static str| on_terminal(&cmd, answer);
     let (code, out) = on_terminal("no\n").await;
     assert_eq!(code, 4, "{out}");
     assert!(out.contains("Type 'yes'"), "{out}");
@@ -788,22 +790,8 @@ async fn the_cli_prints_table_wide_and_yaml_and_asks_before_revoking() {
         "{} admin nodes revoke-credential {nid} --reason 'lost laptop' --server {url}",
         server_bin().display()
     );
-    let mut child = tokio::process::Command::new("/usr/bin/script")
-        .args(["-qec", &cmd, "/dev/null"])
-        .env("MODELFORGE_ADMIN_TOKEN", ADMIN)
-        .env("MODELFORGE_CACERT", &harness_ca().cert)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use tokio::io::AsyncWriteExt;
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"no\n").await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(4), "{text}");
+    let (code, text) = on_terminal(&cmd, "no\n").await;
+    assert_eq!(code, 4, "{text}");
     assert!(
         text.contains("Revoke every active credential") && text.contains("lost laptop"),
         "{text}"

@@ -1,10 +1,13 @@
 //! Where the agent's inventory and telemetry come from: real NVML, simulated GPUs, or a JSON
 //! fixture. All three produce exactly the same shapes (`Inventory`, `Telemetry`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use anyhow::bail;
+use modelforge_proto::gpu_health::EventKind;
+use modelforge_proto::gpu_health::GpuEvent;
 use modelforge_proto::wire::Accelerator;
 use modelforge_proto::wire::AcceleratorTelemetry;
 use modelforge_proto::wire::Inventory;
@@ -15,8 +18,12 @@ use serde::Deserialize;
 
 pub enum GpuSource {
     Nvml(Option<Box<nvml_wrapper::Nvml>>, String),
-    Simulated { count: u32, seed: u64 },
-    File(PathBuf),
+    Simulated {
+        count: u32,
+        seed: u64,
+    },
+    /// A fixture file, re-read at every report, and the health events counted from it.
+    File(PathBuf, EventLog),
 }
 
 impl GpuSource {
@@ -51,7 +58,7 @@ impl GpuSource {
         if let Some(p) = spec.strip_prefix("file:") {
             let path = PathBuf::from(p);
             read_fixture(&path)?;
-            return Ok(GpuSource::File(path));
+            return Ok(GpuSource::File(path, EventLog::default()));
         }
         bail!("--gpu-source {spec}: expected nvml, simulated:<count> or file:<path>")
     }
@@ -71,7 +78,7 @@ impl GpuSource {
                 cuda_version: Some("12.4".into()),
                 nvml: Some("simulated".into()),
             },
-            GpuSource::File(path) => match read_fixture(path) {
+            GpuSource::File(path, _) => match read_fixture(path) {
                 Ok(f) => Inventory {
                     accelerators: f
                         .accelerators
@@ -102,7 +109,7 @@ impl GpuSource {
                     .map(|i| simulated_telemetry(&simulated_gpu(*seed, i), i, t))
                     .collect(),
             },
-            GpuSource::File(path) => match read_fixture(path) {
+            GpuSource::File(path, log) => match read_fixture(path) {
                 Ok(f) => Telemetry {
                     accelerators: f
                         .accelerators
@@ -120,6 +127,7 @@ impl GpuSource {
                             if !fx.processes.is_empty() {
                                 sim.processes = fx.processes.clone();
                             }
+                            sim.events = log.observe(&a.accelerator.uuid, &a.health.counts());
                             sim
                         })
                         .collect(),
@@ -150,6 +158,96 @@ struct FixtureGpu {
     accelerator: Accelerator,
     #[serde(flatten)]
     telemetry: AcceleratorTelemetry,
+    #[serde(flatten)]
+    health: FixtureHealth,
+}
+
+/// Health events a fixture injects, as cumulative counts (rewrite the file to add some): the
+/// Xid codes seen (one entry an occurrence) and the other kinds' counts.
+#[derive(Deserialize, Default)]
+struct FixtureHealth {
+    #[serde(default)]
+    xid: Vec<u64>,
+    #[serde(default)]
+    ecc_dbe: u64,
+    #[serde(default)]
+    ecc_sbe: u64,
+    #[serde(default)]
+    retired_pages: u64,
+    /// NVML's throttle-reason bits, when throttled.
+    #[serde(default)]
+    throttle: Option<u64>,
+}
+
+impl FixtureHealth {
+    /// Every `(kind, code)` and its count now.
+    fn counts(&self) -> Vec<(EventKind, Option<u64>, u64)> {
+        let mut out: Vec<(EventKind, Option<u64>, u64)> = vec![];
+        for &code in &self.xid {
+            match out.iter_mut().find(|(_, c, _)| *c == Some(code)) {
+                Some(e) => e.2 += 1,
+                None => out.push((EventKind::Xid, Some(code), 1)),
+            }
+        }
+        for (kind, n) in [
+            (EventKind::EccDbe, self.ecc_dbe),
+            (EventKind::EccSbe, self.ecc_sbe),
+            (EventKind::RetiredPages, self.retired_pages),
+        ] {
+            if n > 0 {
+                out.push((kind, None, n));
+            }
+        }
+        if let Some(bits) = self.throttle {
+            out.push((EventKind::Throttle, Some(bits), 1));
+        }
+        out
+    }
+}
+
+/// The most kinds of event kept per GPU (a `(kind, code)` pair each); beyond it new kinds are
+/// dropped with a warning, so a report stays bounded whatever a GPU does.
+const MAX_EVENT_KINDS: usize = 32;
+
+/// Health events counted per GPU and `(kind, code)` since the agent started: a count only
+/// grows, `first_at` is when it was first seen, `last_at` when it last grew. Every report
+/// carries the whole log, so a lost heartbeat loses nothing and a burst is one report.
+#[derive(Default)]
+pub struct EventLog(std::sync::Mutex<BTreeMap<String, Vec<GpuEvent>>>);
+
+impl EventLog {
+    /// Record the counts a source reports now for GPU `uuid`; the GPU's events after it.
+    pub fn observe(&self, uuid: &str, counts: &[(EventKind, Option<u64>, u64)]) -> Vec<GpuEvent> {
+        let now = modelforge_proto::rfc3339_ms(modelforge_proto::now_ms());
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let events = all.entry(uuid.to_string()).or_default();
+        for &(kind, code, count) in counts {
+            let kinds = events.len();
+            match events.iter_mut().find(|e| e.kind == kind && e.code == code) {
+                Some(e) if count > e.count => {
+                    e.count = count;
+                    e.last_at = now.clone();
+                }
+                Some(_) => {}
+                None if kinds >= MAX_EVENT_KINDS => {
+                    tracing::warn!(
+                        uuid,
+                        ?kind,
+                        ?code,
+                        "too many kinds of GPU event: not recorded"
+                    );
+                }
+                None => events.push(GpuEvent {
+                    kind,
+                    code,
+                    count,
+                    first_at: now.clone(),
+                    last_at: now.clone(),
+                }),
+            }
+        }
+        events.clone()
+    }
 }
 
 fn read_fixture(path: &PathBuf) -> anyhow::Result<Fixture> {
@@ -199,6 +297,7 @@ fn simulated_telemetry(gpu: &Accelerator, i: u32, t: f64) -> AcceleratorTelemetr
         power_draw_w: Some((90.0 + util * 5.5).round()),
         ecc_errors_uncorrected: Some(0),
         processes: vec![],
+        events: vec![],
     }
 }
 
@@ -281,6 +380,7 @@ fn nvml_telemetry(n: &nvml_wrapper::Nvml) -> Telemetry {
                     },
                 })
                 .collect(),
+            events: vec![],
         });
     }
     out
@@ -369,6 +469,55 @@ mod tests {
         assert!(GpuSource::open("bogus", "h").is_err());
         assert!(GpuSource::open("file:/nonexistent/x.json", "h").is_err());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A fixture injects health events by rewriting its counts: each report carries every
+    /// event seen, counts only grow, `first_at` stays, `last_at` moves when a count grows.
+    #[test]
+    fn a_rewritten_fixture_injects_counted_health_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let fx = dir.path().join("f.json");
+        let write = |health: &str| {
+            std::fs::write(
+                &fx,
+                format!(r#"{{"accelerators":[{{"uuid":"GPU-1","name":"NVIDIA H200"{health}}}]}}"#),
+            )
+            .unwrap();
+        };
+        write("");
+        let file = GpuSource::open(&format!("file:{}", fx.display()), "h").unwrap();
+        let events = |src: &GpuSource| src.telemetry().accelerators[0].events.clone();
+        assert!(events(&file).is_empty());
+        write(r#","xid":[79]"#);
+        let first = events(&file);
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            (first[0].kind, first[0].code, first[0].count),
+            (EventKind::Xid, Some(79), 1)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(r#","xid":[79,13,79],"ecc_dbe":2,"throttle":4"#);
+        let then = events(&file);
+        let find = |k: EventKind, c: Option<u64>| {
+            then.iter()
+                .find(|e| e.kind == k && e.code == c)
+                .cloned()
+                .unwrap()
+        };
+        let x79 = find(EventKind::Xid, Some(79));
+        assert_eq!(x79.count, 2);
+        assert_eq!(x79.first_at, first[0].first_at, "first seen stays");
+        assert!(x79.last_at > first[0].last_at, "last grew");
+        assert_eq!(find(EventKind::Xid, Some(13)).count, 1);
+        assert_eq!(find(EventKind::EccDbe, None).count, 2);
+        assert_eq!(find(EventKind::Throttle, Some(4)).count, 1);
+        assert_eq!(
+            modelforge_proto::gpu_health::worst(&then).0,
+            modelforge_proto::gpu_health::Health::Failed
+        );
+        // The fixture reset (a GPU reset clears volatile counters): what was seen is kept.
+        write("");
+        assert_eq!(events(&file), then);
     }
 
     #[test]

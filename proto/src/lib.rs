@@ -15,6 +15,7 @@
 //! views (`api::NodeDetail`, `api::AuditEventView`) may flatten: they are never replicated.
 
 pub mod api;
+pub mod gpu_health;
 pub mod identity;
 pub mod ids;
 pub mod secret;

@@ -68,6 +68,9 @@ pub struct AcceleratorTelemetry {
     pub ecc_errors_uncorrected: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessTelemetry>,
+    /// Health events seen on this GPU since the agent started, counted (`gpu_health`).
+    #[serde(default)]
+    pub events: Vec<crate::gpu_health::GpuEvent>,
 }
 
 /// A compute process running on an accelerator.

@@ -1,8 +1,9 @@
 //! GPU health events over real processes (issue 18, first part): an Xid or an ECC count
 //! injected by rewriting the agent's `file:` fixture reaches the control plane with the next
 //! heartbeat, counted per GPU and `(kind, code)`, with the time first and last seen, and is
-//! shown in the node's telemetry. (Health, cordons and placement are not there yet: see
-//! ARCHITECTURE.md, "GPU health".)
+//! shown in the node's telemetry; the doctor reads it (a failed GPU on a heartbeating node, then
+//! silence since an Xid 79). (Health in node views, cordons and placement are not there yet:
+//! see ARCHITECTURE.md, "GPU health".)
 
 mod common;
 
@@ -26,7 +27,8 @@ async fn events_of(urls: &[String], nid: &str, uuid: &str) -> Option<Vec<GpuEven
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_injected_xid_and_ecc_count_reach_the_nodes_telemetry_counted() {
-    let mut c = Cluster::start(1).await;
+    // Offline 10 s after the last heartbeat, so the silent case comes quickly.
+    let mut c = Cluster::start_with(1, &["--stale-after", "3s", "--offline-after", "10s"]).await;
     let urls = c.urls();
     let fixture = c.root().join("gpus.json");
     let write = |health: [Value; 2]| {
@@ -68,6 +70,15 @@ async fn an_injected_xid_and_ecc_count_reach_the_nodes_telemetry_counted() {
         (Health::Failed, Some("xid 79".into()))
     );
     assert_eq!(events_of(&urls, &nid, "GPU-bbbb").await, Some(vec![]));
+    // The doctor: the node heartbeats, a GPU failed.
+    let url = c.url(1);
+    let (code, v) = admin_json(&url, &["doctor", &nid]).await;
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (15, Some("gpu_failed")),
+        "{v}"
+    );
+    assert!(v["case"].as_str().unwrap().contains("xid 79"), "{v}");
 
     // More of it, and a double-bit ECC count on the other GPU: counts grow, first seen stays.
     write([json!({"xid": [79, 79]}), json!({"ecc_dbe": 3})]);
@@ -86,4 +97,20 @@ async fn an_injected_xid_and_ecc_count_reach_the_nodes_telemetry_counted() {
         (b_events[0].kind, b_events[0].count),
         (EventKind::EccDbe, 3)
     );
+
+    // The agent goes silent (as a machine whose GPU fell off the bus does): once the node is
+    // not online, the doctor names the Xid 79 rather than a plain silence.
+    a.stop();
+    let v = wait_until("the silent node's verdict", WAIT, || {
+        let url = url.clone();
+        let nid = nid.clone();
+        async move {
+            let (code, v) = admin_json(&url, &["doctor", &nid]).await;
+            (code != 15).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(v["verdict"], "gpu_fell_off_bus", "{v}");
+    assert_eq!(v["exit_code"], 16, "{v}");
+    assert!(v["case"].as_str().unwrap().contains("GPU-aaaa"), "{v}");
 }

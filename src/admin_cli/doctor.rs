@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use modelforge_proto::api;
+use modelforge_proto::gpu_health;
+use modelforge_proto::gpu_health::Health;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::NodeStatus;
+use modelforge_proto::wire::Telemetry;
 use serde_json::Value;
 use serde_json::json;
 
@@ -23,6 +26,13 @@ pub enum Verdict {
     AgentSilent,
     HostnameConflict,
     Decommissioned,
+    /// Heartbeats go on, but a GPU reports an event that makes it `failed`.
+    GpuFailed,
+    /// The node went silent after one of its GPUs reported Xid 79 (fallen off the bus).
+    GpuFellOffBus,
+    /// Heartbeats go on, but they carry no GPU telemetry for a node that has GPUs (NVML hung
+    /// or gone).
+    TelemetryStopped,
 }
 
 impl Verdict {
@@ -34,6 +44,9 @@ impl Verdict {
             Verdict::AgentSilent => "agent_silent",
             Verdict::HostnameConflict => "hostname_conflict",
             Verdict::Decommissioned => "decommissioned",
+            Verdict::GpuFailed => "gpu_failed",
+            Verdict::GpuFellOffBus => "gpu_fell_off_bus",
+            Verdict::TelemetryStopped => "telemetry_stopped",
         }
     }
 
@@ -45,6 +58,9 @@ impl Verdict {
             Verdict::AgentSilent => 12,
             Verdict::HostnameConflict => 13,
             Verdict::Decommissioned => 14,
+            Verdict::GpuFailed => 15,
+            Verdict::GpuFellOffBus => 16,
+            Verdict::TelemetryStopped => 17,
         }
     }
 }
@@ -76,20 +92,59 @@ pub struct Facts {
     pub accelerators: usize,
     pub accelerators_verified: bool,
     pub view_rebuilt_at: Option<String>,
+    /// Each GPU of the latest telemetry whose events make it other than healthy.
+    pub unhealthy_gpus: Vec<GpuVerdict>,
+    /// How many GPUs the latest telemetry reported (None: no telemetry).
+    pub telemetry_gpus: Option<usize>,
+}
+
+/// A GPU whose reported events make it degraded or failed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuVerdict {
+    pub uuid: String,
+    pub health: Health,
+    /// The worst event, in words (`xid 79`).
+    pub cause: String,
+    /// Whether Xid 79 (fallen off the bus) is among its events.
+    pub off_bus: bool,
 }
 
 fn ms(t: &str) -> Option<i64> {
-    humantime::parse_rfc3339_weak(t)
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis() as i64)
+    super::output::parse_time(t).map(jiff::Timestamp::as_millisecond)
+}
+
+/// The GPUs of the latest telemetry that are not healthy, and how many it reported.
+fn gpu_facts(telemetry: &Value) -> (Vec<GpuVerdict>, Option<usize>) {
+    if telemetry.is_null() {
+        return (vec![], None);
+    }
+    let Ok(t) = serde_json::from_value::<Telemetry>(telemetry.clone()) else {
+        return (vec![], None);
+    };
+    let unhealthy = t
+        .accelerators
+        .iter()
+        .filter_map(|a| {
+            let (health, cause) = gpu_health::worst(&a.events);
+            (health != Health::Healthy).then(|| GpuVerdict {
+                uuid: a.uuid.clone().unwrap_or_else(|| "?".into()),
+                health,
+                cause: cause.unwrap_or_default(),
+                off_bus: a
+                    .events
+                    .iter()
+                    .any(|e| e.kind == gpu_health::EventKind::Xid && e.code == Some(79)),
+            })
+        })
+        .collect();
+    (unhealthy, Some(t.accelerators.len()))
 }
 
 impl Facts {
     /// From `GET .../nodes/{id}` and `GET .../nodes/{id}/credentials`.
     pub fn from_api(node: &api::NodeDetail, creds: &api::Credentials) -> Self {
         let n = &node.summary;
+        let (unhealthy_gpus, telemetry_gpus) = gpu_facts(&node.telemetry);
         let active_last_used_at = creds
             .credentials
             .iter()
@@ -117,6 +172,8 @@ impl Facts {
             accelerators: n.accelerators.len(),
             accelerators_verified: n.accelerators_verified,
             view_rebuilt_at: Some(n.view_rebuilt_at.clone()),
+            unhealthy_gpus,
+            telemetry_gpus,
         }
     }
 }
@@ -143,7 +200,17 @@ pub fn diagnose(f: &Facts) -> Verdict {
         return Verdict::CredentialRevoked;
     }
     if f.status != NodeStatus::Online {
+        // Silent: the last thing it said may be why.
+        if f.unhealthy_gpus.iter().any(|g| g.off_bus) {
+            return Verdict::GpuFellOffBus;
+        }
         return Verdict::AgentSilent;
+    }
+    if f.unhealthy_gpus.iter().any(|g| g.health == Health::Failed) {
+        return Verdict::GpuFailed;
+    }
+    if f.accelerators > 0 && f.telemetry_gpus == Some(0) {
+        return Verdict::TelemetryStopped;
     }
     if !f.hostname_conflicts.is_empty() {
         return Verdict::HostnameConflict;
@@ -236,6 +303,61 @@ pub fn advice(f: &Facts, v: Verdict) -> (String, Vec<String>) {
                 cmds,
             )
         }
+        Verdict::GpuFailed => {
+            let failed: Vec<&GpuVerdict> = f
+                .unhealthy_gpus
+                .iter()
+                .filter(|g| g.health == Health::Failed)
+                .collect();
+            let mut cmds = vec![format!("modelforge admin nodes show {id} -o wide")];
+            for g in &failed {
+                cmds.push(format!(
+                    "# on the node, once GPU {} runs nothing: nvidia-smi -q -i {}; nvidia-smi --gpu-reset -i {}",
+                    g.uuid, g.uuid, g.uuid
+                ));
+            }
+            cmds.push(format!("modelforge admin doctor {id}"));
+            (
+                format!(
+                    "The node heartbeats, but {} reported an event that fails it ({}): take its work elsewhere, reset it, and replace it if it recurs (docs/gpu-health.md).",
+                    failed.iter().map(|g| format!("GPU {}", g.uuid)).collect::<Vec<_>>().join(", "),
+                    failed.iter().map(|g| g.cause.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+                cmds,
+            )
+        }
+        Verdict::GpuFellOffBus => {
+            let gpus: Vec<&str> = f
+                .unhealthy_gpus
+                .iter()
+                .filter(|g| g.off_bus)
+                .map(|g| g.uuid.as_str())
+                .collect();
+            (
+                format!(
+                    "The node went silent after GPU {} fell off the bus (Xid 79): the machine likely hung or lost the GPU. Reboot it; check power, cooling and the PCIe slot; replace the GPU if it recurs (docs/gpu-health.md).",
+                    gpus.join(", ")
+                ),
+                vec![
+                    "# on the node (console or BMC): reboot, then check the kernel log for the Xid".into(),
+                    "journalctl -k -b -1 | grep -i xid".into(),
+                    "modelforge-agent --state-dir \"$AGENT_STATE_DIR\"".into(),
+                    format!("modelforge admin doctor {id} --wait 60s"),
+                ],
+            )
+        }
+        Verdict::TelemetryStopped => (
+            format!(
+                "The node heartbeats but reports no GPU telemetry although it has {} GPU(s): NVML on the node is hung or gone (a driver problem or a GPU lost). Check the driver and restart the agent.",
+                f.accelerators
+            ),
+            vec![
+                "# on the node:".into(),
+                "nvidia-smi".into(),
+                "systemctl restart modelforge-agent".into(),
+                format!("modelforge admin doctor {id} --wait 60s"),
+            ],
+        ),
         Verdict::Decommissioned => (
             format!(
                 "The node was decommissioned at {}: nothing to recover. To bring the hardware back, enrol it as a new node with an empty state dir (RUNBOOK_NODE_DECOMMISSION.md).",
@@ -275,6 +397,12 @@ pub fn report_json(f: &Facts, v: Verdict) -> Value {
             "accelerators_verified": f.accelerators_verified,
             "view_rebuilt_at": f.view_rebuilt_at,
             "decommissioned_at": f.decommissioned_at,
+            "unhealthy_gpus": f.unhealthy_gpus.iter().map(|g| json!({
+                "uuid": g.uuid,
+                "health": g.health,
+                "cause": g.cause,
+            })).collect::<Vec<_>>(),
+            "telemetry_gpus": f.telemetry_gpus,
         },
         "case": case,
         "commands": commands,
@@ -395,7 +523,66 @@ mod tests {
             accelerators: 0,
             accelerators_verified: false,
             view_rebuilt_at: None,
+            unhealthy_gpus: vec![],
+            telemetry_gpus: None,
         }
+    }
+
+    /// The doctor's GPU cases from what the telemetry says (issue 18 item 6).
+    #[test]
+    fn each_gpu_case_has_its_verdict() {
+        let telemetry = |events: Value| {
+            json!({"accelerators": [
+                {"uuid": "GPU-a", "events": events},
+                {"uuid": "GPU-b"},
+            ]})
+        };
+        let ev = |code: u64| json!([{"kind": "xid", "code": code, "count": 1, "first_at": "t", "last_at": "t"}]);
+        let with = |t: Value| {
+            let mut f = healthy();
+            f.accelerators = 2;
+            (f.unhealthy_gpus, f.telemetry_gpus) = gpu_facts(&t);
+            f
+        };
+        // Application faults and degrading events leave a heartbeating node healthy.
+        for code in [13, 31, 43, 63, 94] {
+            assert_eq!(
+                diagnose(&with(telemetry(ev(code)))),
+                Verdict::Healthy,
+                "xid {code}"
+            );
+        }
+        // A failed GPU on a node that heartbeats.
+        let f = with(telemetry(ev(48)));
+        assert_eq!(diagnose(&f), Verdict::GpuFailed);
+        let (case, cmds) = advice(&f, Verdict::GpuFailed);
+        assert!(case.contains("GPU-a") && case.contains("xid 48"), "{case}");
+        assert!(
+            cmds.iter().any(|c| c.contains("--gpu-reset -i GPU-a")),
+            "{cmds:?}"
+        );
+        // Silent since an Xid 79; silent after anything else is the usual silence.
+        let mut f = with(telemetry(ev(79)));
+        f.status = NodeStatus::Offline;
+        assert_eq!(diagnose(&f), Verdict::GpuFellOffBus);
+        assert!(advice(&f, Verdict::GpuFellOffBus).0.contains("GPU-a"));
+        let mut f = with(telemetry(ev(48)));
+        f.status = NodeStatus::Offline;
+        assert_eq!(diagnose(&f), Verdict::AgentSilent);
+        // Heartbeats with no GPU telemetry from a node that has GPUs.
+        let f = with(json!({"accelerators": []}));
+        assert_eq!(diagnose(&f), Verdict::TelemetryStopped);
+        let mut f = with(json!({"accelerators": []}));
+        f.accelerators = 0;
+        assert_eq!(
+            diagnose(&f),
+            Verdict::Healthy,
+            "a node without GPUs reports none"
+        );
+        // A revoked credential still comes first.
+        let mut f = with(telemetry(ev(79)));
+        f.active = 0;
+        assert_eq!(diagnose(&f), Verdict::CredentialRevoked);
     }
 
     #[test]
@@ -462,6 +649,9 @@ mod tests {
             Verdict::AgentSilent,
             Verdict::HostnameConflict,
             Verdict::Decommissioned,
+            Verdict::GpuFailed,
+            Verdict::GpuFellOffBus,
+            Verdict::TelemetryStopped,
         ];
         let mut codes: Vec<i32> = all.iter().map(|v| v.exit_code()).collect();
         codes.sort();

@@ -69,6 +69,9 @@ pub enum EventKind {
 /// heartbeat, so a lost heartbeat loses nothing and a burst is one report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpuEvent {
+    /// `xid`, `ecc_dbe`, `ecc_sbe`, `retired_pages` or `throttle`; a kind this member does not
+    /// know (from a newer agent) is kept as `other`, so the document says only "a string".
+    #[schema(value_type = String)]
     pub kind: EventKind,
     /// The Xid code, or the throttle-reason bits.
     #[serde(default)]

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 use common::*;
@@ -150,6 +151,50 @@ async fn the_document_covers_every_route_with_its_refusals_and_matches_real_answ
             refused(s, &v),
             (404, "not_found"),
             "{route}: take it off `not_yet`"
+        );
+    }
+
+    // Operation ids are unique and name their operation (clients and the API fuzz's
+    // `--exclude-operation-id add_member` go by them; utoipa keeps the last of two given).
+    let mut ids: BTreeMap<String, String> = BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default().to_string();
+            let what = format!("{} {path}", method.to_uppercase());
+            if let Some(other) = ids.insert(id.clone(), what.clone()) {
+                panic!("operationId {id:?} names both {other} and {what}");
+            }
+        }
+    }
+    for (id, what) in [
+        ("enroll", "POST /api/v1/agent/enroll"),
+        ("heartbeat", "POST /api/v1/agent/nodes/{node_id}/heartbeat"),
+        (
+            "report_inventory",
+            "PUT /api/v1/agent/nodes/{node_id}/inventory",
+        ),
+        ("create_enrollment", "POST /api/v1/admin/node-enrollments"),
+        (
+            "node_telemetry",
+            "GET /api/v1/admin/hardware/nodes/{node_id}/telemetry",
+        ),
+        ("audit_trail", "GET /api/v1/admin/audit"),
+        ("add_member", "POST /api/v1/admin/cluster/members"),
+        ("remove_member", "DELETE /api/v1/admin/cluster/members/{id}"),
+        ("create_token", "POST /api/v1/admin/tokens"),
+        ("list_tokens", "GET /api/v1/admin/tokens"),
+        ("delete_token", "DELETE /api/v1/admin/tokens/{name}"),
+        ("allocate", "POST /api/v1/allocations"),
+        (
+            "release_allocation",
+            "DELETE /api/v1/allocations/{allocation_id}",
+        ),
+        ("scheduler_view", "GET /api/v1/admin/scheduler"),
+    ] {
+        assert_eq!(
+            ids.get(id).map(String::as_str),
+            Some(what),
+            "operationId {id}"
         );
     }
 

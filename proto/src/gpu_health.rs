@@ -83,6 +83,20 @@ pub struct GpuEvent {
     pub last_at: String,
 }
 
+/// The events of one GPU as an agent sent them, less any this member cannot read (a field
+/// missing or of another type, e.g. from another release's agent): telemetry is best effort,
+/// and one odd event must not cost the node its heartbeat.
+pub fn readable_events<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<GpuEvent>, D::Error> {
+    let raw = serde_json::Value::deserialize(d)?;
+    let serde_json::Value::Array(items) = raw else {
+        return Ok(Vec::new());
+    };
+    Ok(items
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect())
+}
+
 /// An Xid code the control plane knows.
 #[derive(Clone, Copy, Debug)]
 pub struct XidInfo {
@@ -333,5 +347,23 @@ mod tests {
         .unwrap();
         assert_eq!(e.kind, EventKind::Other);
         assert_eq!(severity(e.kind, e.code, e.count), Health::Healthy);
+    }
+
+    #[test]
+    fn an_unreadable_event_is_dropped_not_the_telemetry() {
+        let t: crate::wire::AcceleratorTelemetry = serde_json::from_str(
+            r#"{"uuid": "GPU-1", "events": [
+                {"kind": "xid", "code": 79},
+                {"kind": "xid", "code": 48, "count": "many", "first_at": "a", "last_at": "b"},
+                {"kind": "ecc_dbe", "count": 1, "first_at": "a", "last_at": "b"},
+                7
+            ]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.events.len(), 1, "{:?}", t.events);
+        assert_eq!(t.events[0].kind, EventKind::EccDbe);
+        let t: crate::wire::AcceleratorTelemetry =
+            serde_json::from_str(r#"{"events": "none"}"#).unwrap();
+        assert!(t.events.is_empty());
     }
 }

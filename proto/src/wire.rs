@@ -68,8 +68,9 @@ pub struct AcceleratorTelemetry {
     pub ecc_errors_uncorrected: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessTelemetry>,
-    /// Health events seen on this GPU since the agent started, counted (`gpu_health`).
-    #[serde(default)]
+    /// Health events seen on this GPU since the agent started, counted (`gpu_health`). An
+    /// event this member cannot read is dropped, never the heartbeat that carries it.
+    #[serde(default, deserialize_with = "crate::gpu_health::readable_events")]
     pub events: Vec<crate::gpu_health::GpuEvent>,
 }
 
@@ -92,7 +93,10 @@ pub struct Telemetry {
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EnrollRequest {
     pub token: String,
-    #[schema(pattern = "^[A-Za-z0-9._-]{1,253}$")]
+    #[schema(
+        pattern = r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*$",
+        max_length = 253
+    )]
     pub hostname: String,
     pub identity: IdentityProof,
     pub inventory: Inventory,

@@ -70,7 +70,12 @@ pub(super) fn table_wide(
 
 /// An RFC 3339 time as the server sends it, read (None for anything else).
 pub(super) fn parse_time(s: &str) -> Option<jiff::Timestamp> {
-    s.trim().parse().ok()
+    let s = s.trim();
+    s.parse().ok().or_else(|| {
+        // A time without an offset is UTC, as before jiff (`2026-12-01T10:00:00`).
+        let _: jiff::civil::DateTime = s.parse().ok()?;
+        format!("{s}Z").parse().ok()
+    })
 }
 
 /// How long ago `at` was, for tables: `12s ago`, `5m ago`, `3h ago`, `2d ago` (the time as
@@ -211,5 +216,14 @@ mod tests {
             super::printable("a\u{1b}[31mred\r\nb\u{9b}c"),
             "a\\u{1b}[31mred\\r\nb\\u{9b}c"
         );
+    }
+
+    #[test]
+    fn times_with_or_without_an_offset() {
+        let t = |s| super::parse_time(s).map(|t| t.as_millisecond());
+        assert_eq!(t("2026-12-01T10:00:00Z"), Some(1_796_119_200_000));
+        assert_eq!(t("2026-12-01T11:00:00+01:00"), Some(1_796_119_200_000));
+        assert_eq!(t("2026-12-01T10:00:00"), Some(1_796_119_200_000));
+        assert_eq!(t("yesterday"), None);
     }
 }

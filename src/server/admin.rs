@@ -47,8 +47,6 @@ const MAX_NOTE_LEN: usize = 1024;
     post,
     path = "/api/v1/admin/node-enrollments",
     tag = "enrolments",
-    operation_id = "audit_trail",
-    operation_id = "node_telemetry",
     summary = "Create an enrolment token (shown once)",
     params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
     request_body = Option<modelforge_proto::api::CreateEnrollment>,
@@ -482,6 +480,7 @@ pub async fn show_node(
 #[utoipa::path(
     get,
     path = "/api/v1/admin/hardware/nodes/{node_id}/telemetry",
+    operation_id = "node_telemetry",
     tag = "nodes",
     summary = "A node's recent telemetry, oldest first",
     params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id")),
@@ -789,6 +788,7 @@ pub struct AuditQuery {
 #[utoipa::path(
     get,
     path = "/api/v1/admin/audit",
+    operation_id = "audit_trail",
     tag = "cluster",
     summary = "The audit trail, from seq 1",
     params(AuditQuery),

@@ -129,8 +129,6 @@ pub(super) fn reserve_check(
     post,
     path = "/api/v1/agent/enroll",
     tag = "agent",
-    operation_id = "heartbeat",
-    operation_id = "report_inventory",
     summary = "Enrol with a one-time token",
     request_body = modelforge_proto::wire::EnrollRequest,
     responses((status = 201, description = "The node id and its credential", body = modelforge_proto::wire::EnrollResponse), super::openapi::WriteRefusals)
@@ -592,6 +590,7 @@ pub async fn smoke_report(
 #[utoipa::path(
     put,
     path = "/api/v1/agent/nodes/{node_id}/inventory",
+    operation_id = "report_inventory",
     tag = "agent",
     summary = "Report the node's inventory",
     params(("node_id" = modelforge_proto::api::NodeId, Path, description = "The node's id")),

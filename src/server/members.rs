@@ -93,9 +93,8 @@ fn check_url(ctx: &Shared, url: &str) -> Result<String, ApiError> {
 #[utoipa::path(
     post,
     path = "/api/v1/admin/cluster/members",
-    tag = "cluster",
-    operation_id = "remove_member",
     operation_id = "add_member",
+    tag = "cluster",
     summary = "Add a member (learner, then voter once caught up)",
     request_body = modelforge_proto::api::AddMember,
     responses((status = 200, description = "The members after the change", body = modelforge_proto::api::MembersView), super::openapi::WriteRefusals),
@@ -127,13 +126,15 @@ pub async fn add(
             return Err(ApiError::of(ErrorCode::MemberExists));
         }
     }
-    // One process, one vote: a second id at a member's address would be that member
+    // One process, one vote: a second id at a live member's address would be that member
     // answering (and voting) twice (found by the API fuzz: an add that "caught up" at once).
-    if let Some(m) = status
-        .members
-        .iter()
-        .find(|m| m.id != req.id && same_address(&m.url, &url))
-    {
+    // A member that no longer answers may be replaced at its own address (add, then remove
+    // the lost id); Raft RPCs name their target, so the new process never answers for it.
+    if let Some(m) = status.members.iter().find(|m| {
+        m.id != req.id
+            && same_address(&m.url, &url)
+            && m.last_ack_ms.is_some_and(|ms| ms <= REACHABLE_MS)
+    }) {
         return Err(ApiError::new(
             ErrorCode::MemberExists,
             format!("member {} already serves at {url}", m.id),
@@ -179,6 +180,7 @@ pub async fn add(
 #[utoipa::path(
     delete,
     path = "/api/v1/admin/cluster/members/{id}",
+    operation_id = "remove_member",
     tag = "cluster",
     summary = "Remove a member (its id is retired)",
     params(("id" = u64, Path, description = "The member's id")),

@@ -22,6 +22,7 @@ mod peer;
 pub mod peer_auth;
 mod routes;
 mod scheduler;
+mod strict;
 mod tasks;
 mod ui;
 pub mod watch;

@@ -43,10 +43,8 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 #[utoipa::path(
     post,
     path = "/api/v1/admin/tokens",
-    tag = "operators",
-    operation_id = "delete_token",
-    operation_id = "list_tokens",
     operation_id = "create_token",
+    tag = "operators",
     summary = "Create a named admin token (shown once)",
     request_body = modelforge_proto::api::CreateOperatorToken,
     responses((status = 201, description = "The token, shown this once", body = modelforge_proto::api::OperatorTokenCreated), super::openapi::WriteRefusals),
@@ -113,6 +111,7 @@ pub async fn create(
 #[utoipa::path(
     get,
     path = "/api/v1/admin/tokens",
+    operation_id = "list_tokens",
     tag = "operators",
     summary = "List the named admin tokens (never a secret)",
     responses((status = 200, description = "The tokens", body = modelforge_proto::api::OperatorList), super::openapi::Refusals),
@@ -148,6 +147,7 @@ pub async fn list(
 #[utoipa::path(
     delete,
     path = "/api/v1/admin/tokens/{name}",
+    operation_id = "delete_token",
     tag = "operators",
     summary = "Delete a named admin token",
     params(("name" = String, Path, description = "The token's name"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),

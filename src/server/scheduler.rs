@@ -78,8 +78,6 @@ fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<Stri
     post,
     path = "/api/v1/allocations",
     tag = "scheduler",
-    operation_id = "release_allocation",
-    operation_id = "scheduler_view",
     summary = "Place an allocation on verified accelerators",
     params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
     request_body = modelforge_proto::api::AllocationRequest,
@@ -198,6 +196,7 @@ fn created(allocation_id: &AllocationId, node_id: &NodeId, uuids: &[String]) -> 
 #[utoipa::path(
     delete,
     path = "/api/v1/allocations/{allocation_id}",
+    operation_id = "release_allocation",
     tag = "scheduler",
     summary = "Release an allocation",
     params(("allocation_id" = modelforge_proto::api::AllocationId, Path, description = "The allocation's id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200, description = "Makes a retry return the first answer instead of acting twice (1 to 200 characters)")),
@@ -235,6 +234,7 @@ pub async fn release(
 #[utoipa::path(
     get,
     path = "/api/v1/admin/scheduler",
+    operation_id = "scheduler_view",
     tag = "scheduler",
     summary = "Every enabled node as the scheduler sees it",
     responses((status = 200, description = "The scheduler's view", body = modelforge_proto::api::SchedulerView), super::openapi::Refusals),

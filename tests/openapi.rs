@@ -125,33 +125,12 @@ async fn the_document_covers_every_route_with_its_refusals_and_matches_real_answ
     let doc: Value = r.json().await.unwrap();
     assert_eq!(doc["openapi"], "3.1.0", "{}", doc["openapi"]);
 
-    // Every route the contract names is documented, but the GPU-health ones (issue 18), which
-    // must be neither documented nor served until they exist.
-    let not_yet: BTreeSet<String> = ["POST /api/v1/admin/hardware/nodes/{}/cordon"]
-        .into_iter()
-        .map(String::from)
-        .collect();
+    // Every route the contract names is documented.
     let have = documented(&doc);
     let want = contract_routes();
-    assert!(want.len() >= 25, "{want:?}");
+    assert!(want.len() >= 27, "{want:?}");
     for route in &want {
-        if not_yet.contains(route) {
-            assert!(
-                !have.contains(route),
-                "{route} is documented: take it off `not_yet`"
-            );
-            continue;
-        }
         assert!(have.contains(route), "{route} is not in the document");
-    }
-    for route in &not_yet {
-        let path = route.split(' ').nth(1).unwrap().replace("{}", "n-1");
-        let (s, v) = c.admin("POST", &path, Some(serde_json::json!({}))).await;
-        assert_eq!(
-            refused(s, &v),
-            (404, "not_found"),
-            "{route}: take it off `not_yet`"
-        );
     }
 
     // Operation ids are unique and name their operation (clients and the API fuzz's

@@ -591,7 +591,12 @@ pub struct NodeSummary {
     /// `online`, `stale`, `offline`, `never_seen` or `decommissioned`.
     pub status: NodeStatus,
     pub last_heartbeat_at: Option<String>,
-    pub accelerators: Vec<crate::wire::Accelerator>,
+    pub accelerators: Vec<AcceleratorView>,
+    /// The worst health among its GPUs.
+    pub health: crate::gpu_health::Health,
+    /// Cordoned by an operator (GPU cordons are on each accelerator).
+    pub cordoned: bool,
+    pub cordon_reason: Option<String>,
     /// Whether a hardware report since this member rebuilt its view confirmed them.
     pub accelerators_verified: bool,
     pub accelerators_verified_at: Option<String>,
@@ -606,6 +611,29 @@ pub struct NodeSummary {
     pub active_credentials: usize,
     /// Other enabled nodes claiming the same hostname.
     pub hostname_conflicts: Vec<NodeId>,
+}
+
+/// An accelerator of a node view: the inventory's, with its health.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+pub struct AcceleratorView {
+    #[serde(flatten)]
+    pub accelerator: crate::wire::Accelerator,
+    pub health: crate::gpu_health::Health,
+    /// Cordoned for health (a `failed` GPU until an operator uncordons it).
+    pub cordoned: bool,
+    /// The event behind a health other than `healthy` (`xid 79`).
+    #[serde(default)]
+    pub health_cause: Option<String>,
+    /// The health events of its latest telemetry (node detail only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<crate::gpu_health::GpuEvent>,
+}
+
+/// `POST .../nodes/{id}/cordon`, `uncordon`, `drain` and `.../accelerators/{uuid}/uncordon`.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CordonRequest {
+    /// Why (kept in the audit trail and the node's history; 1 to 1,000 characters).
+    pub reason: String,
 }
 
 /// `GET /api/v1/admin/hardware/nodes`.

@@ -277,6 +277,10 @@ names! {
     AllocationState {
         Confirmed = "confirmed",
         Unconfirmed = "unconfirmed",
+        /// Its node was drained: its GPUs are released; its owner deletes it once it has moved.
+        Drained = "drained",
+        /// A GPU it holds failed after it was placed (`gpu_health`): its owner should move it.
+        GpuFailed = "gpu_failed",
     }
 
     /// The kind of an event in a node's bounded history (stored by name).
@@ -303,6 +307,12 @@ names! {
         /// Agent requests refused (the detail is the HTTP status; folded with a count).
         RequestRefused = "request_refused",
         Decommissioned = "decommissioned",
+        /// A GPU's health changed (detail: uuid, new health, cause).
+        GpuHealth = "gpu_health",
+        /// An operator cordoned, uncordoned or drained the node, or uncordoned one GPU.
+        Cordoned = "cordoned",
+        Uncordoned = "uncordoned",
+        Drained = "drained",
     }
 }
 

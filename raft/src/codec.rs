@@ -15,7 +15,8 @@ use serde::de::DeserializeOwned;
 /// 7: a claim keeps the signing time of its last accepted proof.
 /// 8: retired member ids in the state; snapshot RPC bodies stream (vote head, then the file).
 /// 9: the audit base (archived count and head) in the state.
-pub const FORMAT_VERSION: u8 = 9;
+/// 10: GPU health and cordons in the state; allocations carry a mark.
+pub const FORMAT_VERSION: u8 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

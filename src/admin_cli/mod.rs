@@ -100,7 +100,7 @@ pub enum AdminCmd {
     /// Enrolment tokens: create, list, cancel.
     #[command(subcommand)]
     Enrollments(EnrollmentCmd),
-    /// Nodes: list, show, credentials, revoke-credential.
+    /// Nodes: list, show, credentials, revoke-credential, cordon, uncordon, drain.
     #[command(subcommand)]
     Nodes(NodeCmd),
     /// Decommission a node: preview, then execute.
@@ -257,6 +257,32 @@ pub enum NodeCmd {
         /// Do not ask for confirmation on the terminal.
         #[arg(long)]
         yes: bool,
+    },
+    /// Cordon a node: no new placement on it (its allocations stay).
+    Cordon {
+        node_id: String,
+        /// Why (kept in the audit trail and the node's history).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift an operator's cordon (GPU cordons stay: see `uncordon-gpu`).
+    Uncordon {
+        node_id: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Cordon a node and release its allocations (each marked `drained` for its owner).
+    Drain {
+        node_id: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift a failed GPU's cordon after it was reset and reports healthy again.
+    UncordonGpu {
+        node_id: String,
+        uuid: String,
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -425,7 +451,11 @@ async fn run_inner(args: AdminArgs) -> Result<i32, Fail> {
         AdminCmd::Nodes(
             NodeCmd::Show { node_id, .. }
             | NodeCmd::Credentials { node_id }
-            | NodeCmd::RevokeCredential { node_id, .. },
+            | NodeCmd::RevokeCredential { node_id, .. }
+            | NodeCmd::Cordon { node_id, .. }
+            | NodeCmd::Uncordon { node_id, .. }
+            | NodeCmd::Drain { node_id, .. }
+            | NodeCmd::UncordonGpu { node_id, .. },
         )
         | AdminCmd::Decommission(DecommissionCmd::Preview { node_id })
         | AdminCmd::Doctor {

@@ -87,7 +87,11 @@ pub(super) fn nodes_table(args: &AdminArgs, nodes: &[api::NodeSummary]) -> Strin
     let rows = nodes
         .iter()
         .map(|n| {
-            let mut models: Vec<&str> = n.accelerators.iter().map(|a| a.name.as_str()).collect();
+            let mut models: Vec<&str> = n
+                .accelerators
+                .iter()
+                .map(|a| a.accelerator.name.as_str())
+                .collect();
             models.dedup();
             (
                 vec![
@@ -249,6 +253,42 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
                 }
             });
         }
+        NodeCmd::Cordon { node_id, reason }
+        | NodeCmd::Uncordon { node_id, reason }
+        | NodeCmd::Drain { node_id, reason }
+        | NodeCmd::UncordonGpu {
+            node_id, reason, ..
+        } => {
+            let (path, done) = match cmd {
+                NodeCmd::Cordon { .. } => (format!("{node_id}/cordon"), "cordoned"),
+                NodeCmd::Uncordon { .. } => (format!("{node_id}/uncordon"), "uncordoned"),
+                NodeCmd::Drain { .. } => (format!("{node_id}/drain"), "drained"),
+                NodeCmd::UncordonGpu { uuid, .. } => (
+                    format!("{node_id}/accelerators/{uuid}/uncordon"),
+                    "GPU uncordoned",
+                ),
+                _ => unreachable!("matched above"),
+            };
+            let body = api::CordonRequest {
+                reason: reason.clone(),
+            };
+            let (n, v): (api::NodeSummary, _) = c
+                .write_typed(
+                    Method::POST,
+                    &format!("/api/v1/admin/hardware/nodes/{path}"),
+                    &body,
+                    None,
+                )
+                .await?;
+            emit_or_quiet(args, &v, vec![n.node_id.to_string()], || {
+                let gpus = n.accelerators.iter().filter(|a| a.cordoned).count();
+                format!(
+                    "node {}: {done}; cordoned: {}; health: {:?}; cordoned GPUs: {gpus}\n",
+                    n.node_id, n.cordoned, n.health
+                )
+                .to_lowercase()
+            });
+        }
     }
     Ok(EXIT_OK)
 }
@@ -281,7 +321,14 @@ fn node_text(d: &api::NodeDetail) -> String {
     let gpus: Vec<String> = n
         .accelerators
         .iter()
-        .map(|a| format!("{} ({})", a.uuid, a.name))
+        .map(|a| {
+            let h = match a.health {
+                modelforge_proto::gpu_health::Health::Healthy => String::new(),
+                h => format!(" {h:?}").to_lowercase(),
+            };
+            let c = if a.cordoned { " cordoned" } else { "" };
+            format!("{} ({}){h}{c}", a.accelerator.uuid, a.accelerator.name)
+        })
         .collect();
     out.push_str(&format!("{:<22} {}\n", "accelerators", gpus.join(", ")));
     out.push_str("history:\n");

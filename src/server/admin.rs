@@ -33,6 +33,7 @@ use crate::state::State as Replicated;
 use crate::supervisor::NodeLive;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
+use modelforge_proto::gpu_health::Health;
 use modelforge_proto::ids::CredentialId;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::NodeStatus;
@@ -276,7 +277,7 @@ pub fn status_of(
     )
 }
 
-fn node_summary(
+pub(super) fn node_summary(
     ctx: &Shared,
     s: &Replicated,
     node: &Node,
@@ -296,6 +297,7 @@ fn node_summary(
     // Accelerators count as verified only after a fresh hardware report since this member
     // last rebuilt its view (start, leader change, shard restart).
     let verified_at = live.last_report_ms.filter(|r| *r >= rebuilt_at);
+    let cordon = s.health.cordons.get(&node.node_id);
     api::NodeSummary {
         node_id: node.node_id.clone(),
         hostname: node.hostname.clone(),
@@ -303,7 +305,27 @@ fn node_summary(
         enabled: node.enabled,
         status: status_of(ctx, s, node, live, now),
         last_heartbeat_at: seen.map(rfc3339_ms),
-        accelerators: node.inventory.accelerators.clone(),
+        accelerators: node
+            .inventory
+            .accelerators
+            .iter()
+            .map(|a| {
+                let rec = s.health.gpu(&node.node_id, &a.uuid);
+                api::AcceleratorView {
+                    accelerator: a.clone(),
+                    health: rec.map_or(Health::Healthy, |r| r.health),
+                    cordoned: rec.is_some_and(|r| r.cordoned),
+                    health_cause: rec.filter(|r| !r.cause.is_empty()).map(|r| r.cause.clone()),
+                    events: vec![],
+                }
+            })
+            .collect(),
+        health: s.health.worst(
+            &node.node_id,
+            node.inventory.accelerators.iter().map(|a| a.uuid.as_str()),
+        ),
+        cordoned: cordon.is_some(),
+        cordon_reason: cordon.map(|c| c.reason.clone()),
         accelerators_verified: verified_at.is_some(),
         accelerators_verified_at: verified_at.map(rfc3339_ms),
         view_rebuilt_at: rfc3339_ms(rebuilt_at),
@@ -446,7 +468,18 @@ pub async fn show_node(
         .nodes
         .get(&node_id)
         .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
-    let summary = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
+    let mut summary = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
+    let latest = live.telemetry.back();
+    let telemetry: Option<modelforge_proto::wire::Telemetry> =
+        latest.and_then(|(_, t)| serde_json::from_str(t).ok());
+    for a in &mut summary.accelerators {
+        a.events = telemetry
+            .iter()
+            .flat_map(|t| &t.accelerators)
+            .find(|t| t.uuid.as_deref() == Some(a.accelerator.uuid.as_str()))
+            .map(|t| t.events.clone())
+            .unwrap_or_default();
+    }
     let history = node
         .history
         .iter()
@@ -457,7 +490,6 @@ pub async fn show_node(
             count: e.count,
         })
         .collect();
-    let latest = live.telemetry.back();
     let resp = axum::Json(api::NodeDetail {
         summary,
         history,

@@ -476,6 +476,7 @@ pub async fn heartbeat(
             .filter_map(|a| a.uuid.clone())
             .collect();
         super::scheduler::reconcile_after_report(&ctx, &node_id, present, busy);
+        super::cordon::health_after_report(&ctx, &node_id, &telemetry);
     }
     let jobs = {
         let s = ctx.app.read();

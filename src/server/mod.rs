@@ -11,6 +11,7 @@ mod admin;
 mod agent;
 mod backup;
 pub mod budget;
+mod cordon;
 pub mod edge;
 mod extract;
 mod forward;

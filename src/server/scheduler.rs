@@ -37,7 +37,6 @@ use crate::state::State as Replicated;
 use modelforge_proto::api;
 use modelforge_proto::api::ErrorCode;
 use modelforge_proto::ids::AllocationId;
-use modelforge_proto::ids::AllocationState;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::SmokeId;
 
@@ -69,6 +68,7 @@ fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<Stri
         .filter(|a| min_mib.is_none_or(|m| a.memory_total_mib.is_some_and(|have| have >= m)))
         .filter(|a| !taken.contains(a.uuid.as_str()))
         .filter(|a| !busy.is_some_and(|b| b.contains(&a.uuid)))
+        .filter(|a| s.health.placeable(node_id, &a.uuid))
         .map(|a| a.uuid.clone())
         .collect()
 }
@@ -140,6 +140,7 @@ pub async fn allocate(
             if !node.enabled
                 || node.decommissioned_at_ms.is_some()
                 || (ctx.cfg.require_smoke && s.sched.smoke_required.contains(id))
+                || s.health.cordons.contains_key(id)
                 || !verified(l, rebuilt_at)
                 || !online(&ctx, l, now)
             {
@@ -157,8 +158,9 @@ pub async fn allocate(
     let Some((_, node_id, free)) = choice else {
         return Err(ApiError::new(
             ErrorCode::NoCapacity,
-            "no enabled node has that many verified free accelerators (only GPUs measured since \
-             this member's view was rebuilt, on nodes past their smoke, are placed on)",
+            "no enabled node has that many verified free accelerators (only healthy, uncordoned \
+             GPUs measured since this member's view was rebuilt, on uncordoned nodes past their \
+             smoke, are placed on)",
         ));
     };
     let cmd = Command::Allocate {
@@ -265,11 +267,7 @@ pub async fn view(
                 allocation_id: a.allocation_id.clone(),
                 owner: a.owner.clone(),
                 accelerator_uuids: a.accelerator_uuids.clone(),
-                state: if a.confirmed {
-                    AllocationState::Confirmed
-                } else {
-                    AllocationState::Unconfirmed
-                },
+                state: a.state(),
                 created_at: rfc3339_ms(a.created_at_ms),
             })
             .collect();
@@ -277,8 +275,11 @@ pub async fn view(
         let verified = verified(l, rebuilt_at);
         let online = online(&ctx, l, now);
         let smoke_required = s.sched.smoke_required.contains(id);
-        let offered =
-            node.enabled && verified && online && !(ctx.cfg.require_smoke && smoke_required);
+        let offered = node.enabled
+            && verified
+            && online
+            && !(ctx.cfg.require_smoke && smoke_required)
+            && !s.health.cordons.contains_key(id);
         let free: Vec<String> = if offered {
             free_gpus(&s, id, None)
         } else {

@@ -168,7 +168,8 @@ impl State {
                     a.allocation_id, a.node_id
                 ));
             }
-            for u in &a.accelerator_uuids {
+            // A drained allocation no longer holds its GPUs (its record waits for its owner).
+            for u in a.accelerator_uuids.iter().filter(|_| a.holds()) {
                 if !gpus.insert(u) {
                     return Err(format!("GPU {u} is in two allocations"));
                 }

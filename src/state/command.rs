@@ -115,6 +115,29 @@ pub enum Command {
         node_id: NodeId,
         reason: String,
     },
+    /// A GPU's health changed in its node's reports (proposed only on a transition).
+    GpuHealth {
+        node_id: NodeId,
+        uuid: String,
+        health: modelforge_proto::gpu_health::Health,
+        cause: String,
+    },
+    /// An operator cordons the node; `drain` also releases its allocations (marked `drained`).
+    Cordon {
+        node_id: NodeId,
+        reason: String,
+        drain: bool,
+    },
+    Uncordon {
+        node_id: NodeId,
+        reason: String,
+    },
+    /// An operator lifts a GPU's health cordon.
+    UncordonGpu {
+        node_id: NodeId,
+        uuid: String,
+        reason: String,
+    },
     /// A named operator's token: the argon2id hash of its secret, never the secret.
     CreateOperator {
         name: String,
@@ -162,6 +185,11 @@ impl Command {
             Command::DeleteOperator { .. } => "operator.delete",
             Command::RetireMember { .. } => "cluster.member.remove",
             Command::AddMember { .. } => "cluster.member.add",
+            Command::GpuHealth { .. } => "node.gpu_health",
+            Command::Cordon { drain: false, .. } => "node.cordon",
+            Command::Cordon { drain: true, .. } => "node.drain",
+            Command::Uncordon { .. } => "node.uncordon",
+            Command::UncordonGpu { .. } => "node.accelerator.uncordon",
         }
     }
 
@@ -169,7 +197,10 @@ impl Command {
     pub fn reason(&self) -> Option<&str> {
         match self {
             Command::RevokeCredentials { reason, .. }
-            | Command::ExecuteDecommission { reason, .. } => Some(reason),
+            | Command::ExecuteDecommission { reason, .. }
+            | Command::Cordon { reason, .. }
+            | Command::Uncordon { reason, .. }
+            | Command::UncordonGpu { reason, .. } => Some(reason),
             Command::CancelToken { reason, .. }
             | Command::CreateOperator { reason, .. }
             | Command::DeleteOperator { reason, .. } => reason.as_deref(),
@@ -185,6 +216,7 @@ impl Command {
                 | Command::UpdateInventory { .. }
                 | Command::RecordEvents { .. }
                 | Command::Reconcile { .. }
+                | Command::GpuHealth { .. }
         )
     }
 
@@ -221,10 +253,13 @@ impl Command {
             ),
             (
                 Command::RevokeCredentials { node_id, .. }
+                | Command::Cordon { node_id, .. }
+                | Command::Uncordon { node_id, .. }
                 | Command::PreviewDecommission { node_id, .. }
                 | Command::ExecuteDecommission { node_id, .. },
                 _,
             ) => node_id.to_string(),
+            (Command::UncordonGpu { node_id, uuid, .. }, _) => format!("{node_id} {uuid}"),
             _ => String::new(),
         }
     }
@@ -257,6 +292,13 @@ pub enum Outcome {
     },
     EventsRecorded {
         count: usize,
+    },
+    GpuHealthRecorded {
+        changed: bool,
+    },
+    /// A cordon, uncordon or drain landed; `drained` names the allocations a drain released.
+    Cordoned {
+        drained: Vec<AllocationId>,
     },
     BackupRecorded,
     Allocated {

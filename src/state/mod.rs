@@ -44,6 +44,7 @@ mod command;
 mod decommission;
 mod dedup;
 mod enrol;
+pub mod health;
 mod hostnames;
 mod model;
 pub mod operators;
@@ -138,6 +139,8 @@ pub struct State {
     pub operators: BTreeMap<String, operators::OperatorToken>,
     /// Raft member ids removed from the cluster: never added again, refused as peers.
     pub retired_members: BTreeSet<u64>,
+    /// GPU health and cordons.
+    pub health: health::Fleet,
 }
 
 impl State {
@@ -286,6 +289,25 @@ impl State {
                 node_id,
                 reason,
             } => self.execute_decommission(facts, now, preview_id, node_id, reason),
+            Command::GpuHealth {
+                node_id,
+                uuid,
+                health,
+                cause,
+            } => self.gpu_health(now, node_id, uuid, *health, cause),
+            Command::Cordon {
+                node_id,
+                reason,
+                drain,
+            } => self.cordon(now, &env.actor, node_id, reason, *drain),
+            Command::Uncordon { node_id, reason } => {
+                self.uncordon(now, &env.actor, node_id, reason)
+            }
+            Command::UncordonGpu {
+                node_id,
+                uuid,
+                reason,
+            } => self.uncordon_gpu(now, &env.actor, node_id, uuid, reason),
             Command::UpdateInventory { node_id, inventory } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Err(Refusal::new(RefusalCode::NodeNotFound));

@@ -37,11 +37,30 @@ pub struct Allocation {
     pub confirmed: bool,
     /// The request id made from the Idempotency-Key, when the request had one.
     pub idempotency_key: Option<String>,
+    /// What its owner must know: `drained` (its GPUs are released) or `gpu_failed`.
+    pub mark: Option<AllocationState>,
+}
+
+impl Allocation {
+    /// Whether it still holds its GPUs (a drained one does not).
+    pub fn holds(&self) -> bool {
+        self.mark != Some(AllocationState::Drained)
+    }
+
+    /// The state its owner sees.
+    pub fn state(&self) -> AllocationState {
+        match self.mark {
+            Some(mark) => mark,
+            None if self.confirmed => AllocationState::Confirmed,
+            None => AllocationState::Unconfirmed,
+        }
+    }
 }
 
 /// One check of a smoke (the API's type: it is shown as reported).
 pub use modelforge_proto::api::SmokeCheck;
 use modelforge_proto::ids::AllocationId;
+use modelforge_proto::ids::AllocationState;
 use modelforge_proto::ids::HistoryKind;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::SmokeId;
@@ -80,7 +99,7 @@ impl Scheduling {
     pub fn allocated(&self, node_id: &NodeId) -> BTreeSet<&str> {
         self.allocations
             .values()
-            .filter(|a| a.node_id == node_id)
+            .filter(|a| a.node_id == node_id && a.holds())
             .flat_map(|a| a.accelerator_uuids.iter().map(String::as_str))
             .collect()
     }
@@ -103,6 +122,7 @@ impl Scheduling {
     pub fn allocated_anywhere(&self) -> BTreeSet<&str> {
         self.allocations
             .values()
+            .filter(|a| a.holds())
             .flat_map(|a| a.accelerator_uuids.iter().map(String::as_str))
             .collect()
     }
@@ -173,6 +193,9 @@ impl State {
         if !node.enabled || node.decommissioned_at_ms.is_some() {
             return no_capacity("the chosen node is not enabled");
         }
+        if self.health.cordons.contains_key(node_id) {
+            return no_capacity("the chosen node is cordoned");
+        }
         if uuids.is_empty() {
             return Err(Refusal::new(RefusalCode::InvalidAllocation));
         }
@@ -184,6 +207,7 @@ impl State {
             if !in_inventory
                 || taken.contains(u.as_str())
                 || busy.is_some_and(|b| b.contains(u))
+                || !self.health.placeable(node_id, u)
                 || !seen.insert(u)
             {
                 return no_capacity("an accelerator of the placement was taken meanwhile");
@@ -197,6 +221,7 @@ impl State {
             created_at_ms: now,
             confirmed: true,
             idempotency_key: key.cloned(),
+            mark: None,
         };
         let out = allocated_outcome(&a);
         if let Some(k) = key {
@@ -256,7 +281,7 @@ impl State {
             .sched
             .allocations
             .values()
-            .filter(|a| a.node_id == node_id && !a.confirmed)
+            .filter(|a| a.node_id == node_id && !a.confirmed && a.holds())
             .map(|a| a.allocation_id.clone())
             .collect();
         for id in ids {

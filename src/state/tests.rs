@@ -1,5 +1,7 @@
 use super::*;
 use crate::journal::Fact;
+use modelforge_proto::gpu_health::Health;
+use modelforge_proto::ids::AllocationState;
 use modelforge_proto::ids::CredentialId;
 use modelforge_proto::ids::HistoryKind;
 use modelforge_proto::ids::NodeId;
@@ -1296,4 +1298,140 @@ fn audit_events_leave_at_most_a_bounded_number_per_prune() {
     create(&mut s, "t9", 2_000);
     assert_eq!(s.audit[0].seq, 6);
     s.check().unwrap();
+}
+
+fn health(s: &mut State, req: &str, uuid: &str, h: Health, cause: &str) -> ApplyResult {
+    s.apply(
+        10,
+        &env(
+            req,
+            3_000,
+            Command::GpuHealth {
+                node_id: "n1".into(),
+                uuid: uuid.into(),
+                health: h,
+                cause: cause.into(),
+            },
+        ),
+    )
+    .result
+}
+
+#[test]
+fn a_failed_gpu_is_cordoned_sticky_and_marks_its_allocation_until_an_operator_clears_it() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
+    let gpu_history = |s: &State| {
+        s.nodes["n1"]
+            .history
+            .iter()
+            .filter(|e| e.kind == HistoryKind::GpuHealth)
+            .count()
+    };
+    // Degraded, then failed: one history entry each; the same health again changes nothing.
+    health(&mut s, "h1", "G1", Health::Degraded, "xid 94").unwrap();
+    assert!(!s.health.placeable(&"n1".into(), "G1"));
+    health(&mut s, "h2", "G1", Health::Failed, "xid 79").unwrap();
+    assert_eq!(
+        health(&mut s, "h3", "G1", Health::Failed, "xid 79").unwrap(),
+        Outcome::GpuHealthRecorded { changed: false }
+    );
+    let rec = s.health.gpu(&"n1".into(), "G1").unwrap().clone();
+    assert!(rec.cordoned && rec.health == Health::Failed && rec.cause == "xid 79");
+    assert_eq!(
+        s.sched.allocations["a1"].state(),
+        AllocationState::GpuFailed
+    );
+    // The allocation marker is one entry more.
+    assert_eq!(gpu_history(&s), 3);
+    // Sticky: a healthy report does not lift it; nothing is placed on it.
+    health(&mut s, "h4", "G1", Health::Healthy, "").unwrap();
+    assert_eq!(s.health.health(&"n1".into(), "G1"), Health::Failed);
+    s.apply(
+        11,
+        &env(
+            "rel",
+            3_000,
+            Command::Release {
+                allocation_id: "a1".into(),
+            },
+        ),
+    )
+    .result
+    .unwrap();
+    assert_eq!(
+        allocate(&mut s, "a2", "n1", &["G1"], None)
+            .unwrap_err()
+            .code,
+        "no_capacity"
+    );
+    // A GPU not in the inventory is refused and changes nothing.
+    assert!(health(&mut s, "h5", "G9", Health::Failed, "xid 79").is_err());
+    assert!(s.health.gpu(&"n1".into(), "G9").is_none());
+    // The operator's uncordon clears it, and records when.
+    let un = Command::UncordonGpu {
+        node_id: "n1".into(),
+        uuid: "G1".into(),
+        reason: "reset".into(),
+    };
+    s.apply(12, &env("un", 4_000, un)).result.unwrap();
+    assert!(s.health.placeable(&"n1".into(), "G1"));
+    assert_eq!(s.health.cleared_at(&"n1".into(), "G1"), Some(4_000));
+    assert!(allocate(&mut s, "a3", "n1", &["G1"], None).is_ok());
+}
+
+#[test]
+fn a_cordoned_node_takes_no_placement_and_a_drain_releases_its_allocations_marked() {
+    let mut s = State::default();
+    create(&mut s, "t1", 1_000);
+    enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
+    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
+    let cordon = |drain| Command::Cordon {
+        node_id: "n1".into(),
+        reason: "maintenance".into(),
+        drain,
+    };
+    s.apply(11, &env("c", 3_000, cordon(false))).result.unwrap();
+    assert_eq!(
+        allocate(&mut s, "a2", "n1", &["G2"], None)
+            .unwrap_err()
+            .code,
+        "no_capacity"
+    );
+    let drained = s.apply(12, &env("d", 3_000, cordon(true))).result.unwrap();
+    assert_eq!(
+        drained,
+        Outcome::Cordoned {
+            drained: vec!["a1".into()]
+        }
+    );
+    assert_eq!(s.sched.allocations["a1"].state(), AllocationState::Drained);
+    assert!(
+        s.sched.allocated_anywhere().is_empty(),
+        "a drained allocation holds nothing"
+    );
+    let un = Command::Uncordon {
+        node_id: "n1".into(),
+        reason: "done".into(),
+    };
+    s.apply(13, &env("u", 3_000, un)).result.unwrap();
+    assert!(allocate(&mut s, "a3", "n1", &["G1"], None).is_ok());
+    // Audited with the reason.
+    let actions: Vec<_> = s
+        .audit
+        .iter()
+        .map(|e| (e.action.clone(), e.reason.clone()))
+        .collect();
+    assert!(
+        actions.contains(&("node.drain".into(), Some("maintenance".into()))),
+        "{actions:?}"
+    );
+    assert!(
+        actions.contains(&("node.uncordon".into(), Some("done".into()))),
+        "{actions:?}"
+    );
 }

@@ -184,7 +184,7 @@ async fn each_severity_class_moves_health_history_cordons_placement_and_the_doct
             .enumerate()
             .map(|(i, h)| {
                 let mut g = json!({"uuid": format!("GPU-{}", i + 1), "name": "NVIDIA H200",
-                    "memory_total_mib": 143771, "index": i,
+                    "memory_total_mib": 143771, "index": i, "compute_capability": "9.0",
                     "pci_bus_id": format!("00000000:{:02X}:00.0", 0x18 + i)});
                 for (k, v) in h.as_object().unwrap() {
                     g[k] = v.clone();
@@ -249,10 +249,39 @@ async fn each_severity_class_moves_health_history_cordons_placement_and_the_doct
         "{v}"
     );
 
-    // Only the healthy GPU-3 is placeable: one fits, two do not.
+    // Only the healthy GPU-3 is placeable: one fits, two do not. Constraints on the GPU
+    // Feature Discovery labels the node shows: a wrong product fits nothing, an unknown label
+    // is refused, the right product and family place.
+    let labels = &d.summary.labels;
+    assert_eq!(
+        labels["nvidia.com/gpu.product"], "NVIDIA-H200",
+        "{labels:?}"
+    );
+    assert_eq!(labels["nvidia.com/gpu.count"], "3", "{labels:?}");
+    assert_eq!(labels["nvidia.com/gpu.family"], "hopper", "{labels:?}");
+    assert_eq!(labels["nvidia.com/mig.strategy"], "none", "{labels:?}");
     let (s, v) = allocate(&mut c, 2).await;
     assert_eq!(refused(s, &v), (409, "no_capacity"), "{v}");
-    let (s, v) = allocate(&mut c, 1).await;
+    let constrained = |c: Value| json!({"accelerators": 1, "owner": "t", "constraints": c});
+    for (want, refusal) in [
+        (
+            json!({"nvidia.com/gpu.product": "NVIDIA-A100"}),
+            (409, "no_capacity"),
+        ),
+        (
+            json!({"nvidia.com/gpu.colour": "green"}),
+            (400, "invalid_allocation"),
+        ),
+    ] {
+        let (s, v) = c
+            .admin("POST", "/api/v1/allocations", Some(constrained(want)))
+            .await;
+        assert_eq!(refused(s, &v), refusal, "{v}");
+    }
+    let want = json!({"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.family": "hopper"});
+    let (s, v) = c
+        .admin("POST", "/api/v1/allocations", Some(constrained(want)))
+        .await;
     assert_eq!(
         (s, &v["accelerator_uuids"]),
         (201, &json!(["GPU-3"])),

@@ -17,7 +17,8 @@ use modelforge_proto::wire::Telemetry;
 use serde::Deserialize;
 
 pub enum GpuSource {
-    Nvml(Option<Box<nvml_wrapper::Nvml>>, String),
+    /// NVML, its status, and the health events its watcher thread and each report count.
+    Nvml(Option<Box<nvml_wrapper::Nvml>>, String, NvmlHealth),
     Simulated {
         count: u32,
         seed: u64,
@@ -32,14 +33,18 @@ impl GpuSource {
     pub fn open(spec: &str, hostname: &str) -> anyhow::Result<Self> {
         if spec == "nvml" {
             return Ok(match nvml_wrapper::Nvml::init() {
-                Ok(n) => GpuSource::Nvml(Some(Box::new(n)), "ok".into()),
+                Ok(n) => {
+                    let health = NvmlHealth::default();
+                    health.watch();
+                    GpuSource::Nvml(Some(Box::new(n)), "ok".into(), health)
+                }
                 Err(nvml_wrapper::error::NvmlError::LibloadingError(e)) => {
                     tracing::warn!(error = %e, "NVML is absent: reporting no accelerators");
-                    GpuSource::Nvml(None, "absent".into())
+                    GpuSource::Nvml(None, "absent".into(), NvmlHealth::default())
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "NVML failed to start: reporting no accelerators");
-                    GpuSource::Nvml(None, format!("error: {e}"))
+                    GpuSource::Nvml(None, format!("error: {e}"), NvmlHealth::default())
                 }
             });
         }
@@ -66,11 +71,11 @@ impl GpuSource {
     /// The current inventory (without storage roots, which the caller adds).
     pub fn inventory(&self) -> Inventory {
         match self {
-            GpuSource::Nvml(None, status) => Inventory {
+            GpuSource::Nvml(None, status, _) => Inventory {
                 nvml: Some(status.clone()),
                 ..Default::default()
             },
-            GpuSource::Nvml(Some(n), _) => nvml_inventory(n),
+            GpuSource::Nvml(Some(n), _, _) => nvml_inventory(n),
             GpuSource::Simulated { count, seed } => Inventory {
                 accelerators: (0..*count).map(|i| simulated_gpu(*seed, i)).collect(),
                 storage_roots: vec![],
@@ -102,8 +107,8 @@ impl GpuSource {
     pub fn telemetry(&self) -> Telemetry {
         let t = modelforge_proto::now_ms() as f64 / 1000.0;
         match self {
-            GpuSource::Nvml(None, _) => Telemetry::default(),
-            GpuSource::Nvml(Some(n), _) => nvml_telemetry(n),
+            GpuSource::Nvml(None, _, _) => Telemetry::default(),
+            GpuSource::Nvml(Some(n), _, health) => nvml_telemetry(n, health),
             GpuSource::Simulated { count, seed } => Telemetry {
                 accelerators: (0..*count)
                     .map(|i| simulated_telemetry(&simulated_gpu(*seed, i), i, t))
@@ -282,6 +287,7 @@ fn simulated_gpu(seed: u64, i: u32) -> Accelerator {
         index: Some(i),
         mig_mode: Some("disabled".into()),
         power_limit_w: Some(700),
+        compute_capability: Some("9.0".into()),
     }
 }
 
@@ -342,12 +348,125 @@ fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
                 Err(_) => "unsupported".into(),
             }),
             power_limit_w: d.enforced_power_limit().ok().map(|mw| (mw / 1000) as u64),
+            compute_capability: d
+                .cuda_compute_capability()
+                .ok()
+                .map(|c| format!("{}.{}", c.major, c.minor)),
         });
     }
     inv
 }
 
-fn nvml_telemetry(n: &nvml_wrapper::Nvml) -> Telemetry {
+/// Throttle reasons that mean trouble (not idle, application clocks or a sync boost).
+const TROUBLE_THROTTLE: u64 = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
+
+/// Counts of one GPU's events by `(kind, code)`.
+type Counts = BTreeMap<(EventKind, Option<u64>), u64>;
+
+/// Health events from NVML: what the watcher thread hears (Xid, ECC) as counts per GPU and
+/// `(kind, code)`, what each report reads (retired pages, throttling), and the log that turns
+/// counts into events with their times.
+#[derive(Clone, Default)]
+pub struct NvmlHealth {
+    counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Counts>>>,
+    log: std::sync::Arc<EventLog>,
+}
+
+impl NvmlHealth {
+    fn add(&self, uuid: &str, kind: EventKind, code: Option<u64>, n: u64) {
+        let mut all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *all.entry(uuid.to_string())
+            .or_default()
+            .entry((kind, code))
+            .or_default() += n;
+    }
+
+    fn counts(&self, uuid: &str) -> Vec<(EventKind, Option<u64>, u64)> {
+        let all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(uuid)
+            .map(|m| m.iter().map(|(&(k, c), &n)| (k, c, n)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Wait on an NVML event set for Xid critical errors and ECC events in a thread of its own
+    /// (NVML's wait blocks), counting each; never one write per event: the counts ride on the
+    /// next heartbeat. A GPU that cannot register events is logged and watched without them.
+    fn watch(&self) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || me.watch_events());
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "NVML event watcher not started: no Xid or ECC events");
+        }
+    }
+
+    fn watch_events(&self) {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        use nvml_wrapper::enums::event::XidError;
+        let nvml = match nvml_wrapper::Nvml::init() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "NVML event watcher: NVML did not start");
+                return;
+            }
+        };
+        let Ok(mut set) = nvml.create_event_set() else {
+            tracing::warn!("NVML event watcher: no event set");
+            return;
+        };
+        let wanted = EventTypes::CRITICAL_XID_ERROR
+            | EventTypes::DOUBLE_BIT_ECC_ERROR
+            | EventTypes::SINGLE_BIT_ECC_ERROR;
+        for i in 0..nvml.device_count().unwrap_or(0) {
+            let Ok(d) = nvml.device_by_index(i) else {
+                continue;
+            };
+            let supported = d
+                .supported_event_types()
+                .map(|t| t & wanted)
+                .unwrap_or(EventTypes::CRITICAL_XID_ERROR);
+            set = match d.register_events(supported, set) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(index = i, error = %e.error, "NVML event watcher: registration failed");
+                    return;
+                }
+            };
+        }
+        loop {
+            match set.wait(5_000) {
+                Ok(ev) => {
+                    let Ok(uuid) = ev.device.uuid() else {
+                        continue;
+                    };
+                    let (kind, code) = if ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                        let code = match ev.event_data {
+                            Some(XidError::Value(x)) => Some(x),
+                            _ => None,
+                        };
+                        (EventKind::Xid, code)
+                    } else if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                        (EventKind::EccDbe, None)
+                    } else if ev.event_type.contains(EventTypes::SINGLE_BIT_ECC_ERROR) {
+                        (EventKind::EccSbe, None)
+                    } else {
+                        continue;
+                    };
+                    tracing::warn!(uuid, ?kind, ?code, "GPU health event");
+                    self.add(&uuid, kind, code, 1);
+                }
+                Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "NVML event watcher stopped");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn nvml_telemetry(n: &nvml_wrapper::Nvml, health: &NvmlHealth) -> Telemetry {
     use nvml_wrapper::enum_wrappers::device::EccCounter;
     use nvml_wrapper::enum_wrappers::device::MemoryError;
     use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
@@ -380,7 +499,35 @@ fn nvml_telemetry(n: &nvml_wrapper::Nvml) -> Telemetry {
                     },
                 })
                 .collect(),
-            events: vec![],
+            events: {
+                let uuid = d.uuid().unwrap_or_default();
+                let mut counts = health.counts(&uuid);
+                use nvml_wrapper::enum_wrappers::device::RetirementCause;
+                let retired: usize = [
+                    RetirementCause::MultipleSingleBitEccErrors,
+                    RetirementCause::DoubleBitEccError,
+                ]
+                .into_iter()
+                .filter_map(|c| d.retired_pages(c).ok())
+                .map(|p| p.len())
+                .sum();
+                if retired > 0 {
+                    counts.push((EventKind::RetiredPages, None, retired as u64));
+                }
+                let throttle = d
+                    .current_throttle_reasons()
+                    .map(|r| r.bits() & TROUBLE_THROTTLE)
+                    .unwrap_or(0);
+                if throttle != 0 {
+                    // Counted per report that saw it, by its reason bits.
+                    health.add(&uuid, EventKind::Throttle, Some(throttle), 1);
+                    counts = health.counts(&uuid);
+                    if retired > 0 {
+                        counts.push((EventKind::RetiredPages, None, retired as u64));
+                    }
+                }
+                health.log.observe(&uuid, &counts)
+            },
         });
     }
     out
@@ -462,7 +609,7 @@ mod tests {
             sim.inventory().accelerators[0].uuid
         );
         // A missing NVML is reported as such, with the same inventory shape and no accelerators.
-        let absent = GpuSource::Nvml(None, "absent".into());
+        let absent = GpuSource::Nvml(None, "absent".into(), NvmlHealth::default());
         let ai = serde_json::to_value(absent.inventory()).unwrap();
         assert_eq!(keys(&ai), keys(&si));
         assert_eq!(ai["nvml"], "absent");
@@ -524,5 +671,27 @@ mod tests {
     fn storage_roots_report_capacity() {
         let r = storage_roots(&[std::env::temp_dir()]);
         assert!(r[0].capacity_bytes > 0 && r[0].free_bytes <= r[0].capacity_bytes);
+    }
+
+    #[test]
+    fn nvml_events_are_counted_per_gpu_and_reported_like_the_fixtures() {
+        let h = NvmlHealth::default();
+        h.add("GPU-1", EventKind::Xid, Some(79), 1);
+        h.add("GPU-1", EventKind::Xid, Some(79), 1);
+        h.add("GPU-1", EventKind::EccDbe, None, 1);
+        h.add("GPU-2", EventKind::Xid, Some(13), 1);
+        let ev = h.log.observe("GPU-1", &h.counts("GPU-1"));
+        assert_eq!(ev.len(), 2, "{ev:?}");
+        let xid = ev.iter().find(|e| e.kind == EventKind::Xid).unwrap();
+        assert_eq!((xid.code, xid.count), (Some(79), 2));
+        assert_eq!(
+            modelforge_proto::gpu_health::worst(&ev).0,
+            modelforge_proto::gpu_health::Health::Failed
+        );
+        let other = h.log.observe("GPU-2", &h.counts("GPU-2"));
+        assert_eq!(
+            modelforge_proto::gpu_health::worst(&other).0,
+            modelforge_proto::gpu_health::Health::Healthy
+        );
     }
 }

@@ -337,6 +337,7 @@ pub fn h200_inventory(gpus: u32) -> modelforge_proto::wire::Inventory {
                 index: Some(i),
                 mig_mode: Some("disabled".into()),
                 power_limit_w: Some(700),
+                compute_capability: Some("9.0".into()),
             })
             .collect(),
         storage_roots: vec![wire::StorageRoot {

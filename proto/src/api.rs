@@ -597,6 +597,8 @@ pub struct NodeSummary {
     /// Cordoned by an operator (GPU cordons are on each accelerator).
     pub cordoned: bool,
     pub cordon_reason: Option<String>,
+    /// Its GPUs' attributes as NVIDIA GPU Feature Discovery names them.
+    pub labels: std::collections::BTreeMap<String, String>,
     /// Whether a hardware report since this member rebuilt its view confirmed them.
     pub accelerators_verified: bool,
     pub accelerators_verified_at: Option<String>,
@@ -903,6 +905,10 @@ pub struct AllocationRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_memory_mib: Option<u64>,
     pub owner: String,
+    /// GPU Feature Discovery labels the placement must match exactly
+    /// (`{"nvidia.com/gpu.product": "NVIDIA-H200"}`; see `labels::KNOWN`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub constraints: std::collections::BTreeMap<String, String>,
 }
 
 #[cfg(test)]

@@ -87,13 +87,12 @@ pub struct GpuEvent {
 /// missing or of another type, e.g. from another release's agent): telemetry is best effort,
 /// and one odd event must not cost the node its heartbeat.
 pub fn readable_events<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<GpuEvent>, D::Error> {
-    let raw = serde_json::Value::deserialize(d)?;
-    let serde_json::Value::Array(items) = raw else {
-        return Ok(Vec::new());
-    };
+    use serde::de::Error;
+    let items = Vec::<serde_json::Map<String, serde_json::Value>>::deserialize(d)
+        .map_err(|_| D::Error::custom("events must be an array of objects"))?;
     Ok(items
         .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
+        .filter_map(|v| serde_json::from_value(serde_json::Value::Object(v)).ok())
         .collect())
 }
 
@@ -355,15 +354,15 @@ mod tests {
             r#"{"uuid": "GPU-1", "events": [
                 {"kind": "xid", "code": 79},
                 {"kind": "xid", "code": 48, "count": "many", "first_at": "a", "last_at": "b"},
-                {"kind": "ecc_dbe", "count": 1, "first_at": "a", "last_at": "b"},
-                7
+                {"kind": "ecc_dbe", "count": 1, "first_at": "a", "last_at": "b"}
             ]}"#,
         )
         .unwrap();
         assert_eq!(t.events.len(), 1, "{:?}", t.events);
         assert_eq!(t.events[0].kind, EventKind::EccDbe);
-        let t: crate::wire::AcceleratorTelemetry =
-            serde_json::from_str(r#"{"events": "none"}"#).unwrap();
-        assert!(t.events.is_empty());
+        // Not even objects: refused (the document says objects).
+        for bad in [r#"{"events": "none"}"#, r#"{"events": [7]}"#] {
+            assert!(serde_json::from_str::<crate::wire::AcceleratorTelemetry>(bad).is_err());
+        }
     }
 }

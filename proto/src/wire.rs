@@ -25,6 +25,10 @@ pub struct Accelerator {
     pub mig_mode: Option<String>,
     #[serde(default)]
     pub power_limit_w: Option<u64>,
+    /// CUDA compute capability, `major.minor` (`9.0`); absent from older agents. (Never
+    /// skipped when absent: the replicated state's encoding is positional.)
+    #[serde(default)]
+    pub compute_capability: Option<String>,
 }
 
 /// A storage root of the node.
@@ -68,9 +72,12 @@ pub struct AcceleratorTelemetry {
     pub ecc_errors_uncorrected: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessTelemetry>,
-    /// Health events seen on this GPU since the agent started, counted (`gpu_health`). An
-    /// event this member cannot read is dropped, never the heartbeat that carries it.
+    /// Health events seen on this GPU since the agent started, counted (`gpu_health`), each
+    /// `{kind, code?, count, first_at, last_at}`. An event this member cannot read (a field
+    /// missing or of another type) is dropped, never the heartbeat that carries it; so the
+    /// document promises only objects.
     #[serde(default, deserialize_with = "crate::gpu_health::readable_events")]
+    #[schema(value_type = Vec<Object>)]
     pub events: Vec<crate::gpu_health::GpuEvent>,
 }
 

@@ -326,6 +326,7 @@ pub(super) fn node_summary(
         ),
         cordoned: cordon.is_some(),
         cordon_reason: cordon.map(|c| c.reason.clone()),
+        labels: modelforge_proto::labels::node_labels(&node.inventory.accelerators),
         accelerators_verified: verified_at.is_some(),
         accelerators_verified_at: verified_at.map(rfc3339_ms),
         view_rebuilt_at: rfc3339_ms(rebuilt_at),

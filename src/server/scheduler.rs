@@ -11,6 +11,7 @@
 //! see each other's choices; the re-check in apply is what keeps a GPU single-use across a
 //! leader change.
 
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 use super::extract::Path;
@@ -39,6 +40,7 @@ use modelforge_proto::api::ErrorCode;
 use modelforge_proto::ids::AllocationId;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::SmokeId;
+use modelforge_proto::labels;
 
 /// Whether this member has a hardware report of `node_id` since it last rebuilt its view.
 fn verified(live: Option<&crate::supervisor::NodeLive>, rebuilt_at: i64) -> bool {
@@ -54,7 +56,12 @@ fn online(ctx: &Shared, live: Option<&crate::supervisor::NodeLive>, now: i64) ->
 
 /// GPUs of a node free for placement, with at least `min_mib` of memory (unknown memory
 /// counts as not enough when a minimum is asked).
-fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<String> {
+fn free_gpus(
+    s: &Replicated,
+    node_id: &NodeId,
+    min_mib: Option<u64>,
+    constraints: &BTreeMap<String, String>,
+) -> Vec<String> {
     let Some(node) = s.nodes.get(node_id) else {
         return vec![];
     };
@@ -69,6 +76,7 @@ fn free_gpus(s: &Replicated, node_id: &NodeId, min_mib: Option<u64>) -> Vec<Stri
         .filter(|a| !taken.contains(a.uuid.as_str()))
         .filter(|a| !busy.is_some_and(|b| b.contains(&a.uuid)))
         .filter(|a| s.health.placeable(node_id, &a.uuid))
+        .filter(|a| labels::meets(constraints, a, &node.inventory.accelerators))
         .map(|a| a.uuid.clone())
         .collect()
 }
@@ -103,10 +111,29 @@ pub async fn allocate(
             "owner must be 1 to 256 characters",
         ));
     }
+    if req.constraints.len() > 16
+        || req
+            .constraints
+            .iter()
+            .any(|(k, v)| !labels::KNOWN.contains(&k.as_str()) || v.is_empty() || v.len() > 256)
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidAllocation,
+            format!(
+                "constraints name GPU Feature Discovery labels ({}) with a value each",
+                labels::KNOWN.join(", ")
+            ),
+        ));
+    }
     let rid = request_id(
         &headers,
         "admin allocation.create",
-        &(req.accelerators, req.min_memory_mib, &req.owner),
+        &(
+            req.accelerators,
+            req.min_memory_mib,
+            &req.owner,
+            (!req.constraints.is_empty()).then_some(&req.constraints),
+        ),
     )?;
     let key = headers.contains_key("idempotency-key").then(|| rid.clone());
     let _placing = ctx.placement.lock().await;
@@ -146,7 +173,7 @@ pub async fn allocate(
             {
                 continue;
             }
-            let free = free_gpus(&s, id, req.min_memory_mib);
+            let free = free_gpus(&s, id, req.min_memory_mib, &req.constraints);
             if free.len() >= req.accelerators as usize
                 && best.as_ref().is_none_or(|(n, _, _)| free.len() < *n)
             {
@@ -281,7 +308,7 @@ pub async fn view(
             && !(ctx.cfg.require_smoke && smoke_required)
             && !s.health.cordons.contains_key(id);
         let free: Vec<String> = if offered {
-            free_gpus(&s, id, None)
+            free_gpus(&s, id, None, &BTreeMap::new())
         } else {
             vec![]
         };

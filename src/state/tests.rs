@@ -358,6 +358,7 @@ fn accelerators_appearing_and_disappearing_are_recorded() {
         index: None,
         mig_mode: None,
         power_limit_w: None,
+        compute_capability: None,
     };
     let mut s = State::default();
     create(&mut s, "t1", 1000);
@@ -644,6 +645,7 @@ pub(super) fn inventory_with(uuids: &[&str]) -> Inventory {
                 index: None,
                 mig_mode: None,
                 power_limit_w: None,
+                compute_capability: None,
             })
             .collect(),
         ..Default::default()

@@ -310,7 +310,10 @@ async fn each_severity_class_moves_health_history_cordons_placement_and_the_doct
         "{h:?}"
     );
     assert!(
-        h.iter().any(|e| e.contains("its GPU GPU-1 failed")),
+        d.history
+            .iter()
+            .any(|e| e.kind == HistoryKind::AllocationMarked
+                && e.detail.contains("gpu_failed (GPU GPU-1: xid 79)")),
         "{h:?}"
     );
 
@@ -387,6 +390,7 @@ async fn each_severity_class_moves_health_history_cordons_placement_and_the_doct
         .await;
     assert_eq!(s, 200, "{v}");
     let sched = scheduler_node(&mut c, &nid).await;
+    assert_eq!(sched.allocations.len(), 1, "{:?}", sched.allocations);
     assert!(
         sched
             .allocations

@@ -35,7 +35,7 @@ impl GpuSource {
             return Ok(match nvml_wrapper::Nvml::init() {
                 Ok(n) => {
                     let health = NvmlHealth::default();
-                    health.watch();
+                    health.watch(&n);
                     GpuSource::Nvml(Some(Box::new(n)), "ok".into(), health)
                 }
                 Err(nvml_wrapper::error::NvmlError::LibloadingError(e)) => {
@@ -357,18 +357,25 @@ fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
     inv
 }
 
-/// Throttle reasons that mean trouble (not idle, application clocks or a sync boost).
-const TROUBLE_THROTTLE: u64 = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
+/// Throttle reasons that mean trouble: hardware slowdown, thermal (software and hardware) and
+/// the power brake. Not the software power cap (0x4), normal under full load.
+const TROUBLE_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
+
+/// Reports in a row that must see the same trouble before it counts (clock changes set the
+/// hardware-slowdown bit for an instant).
+const THROTTLE_REPORTS: u32 = 3;
 
 /// Counts of one GPU's events by `(kind, code)`.
 type Counts = BTreeMap<(EventKind, Option<u64>), u64>;
 
-/// Health events from NVML: what the watcher thread hears (Xid, ECC) as counts per GPU and
+/// Health events from NVML: what the watcher threads hear (Xid, ECC) as counts per GPU and
 /// `(kind, code)`, what each report reads (retired pages, throttling), and the log that turns
 /// counts into events with their times.
 #[derive(Clone, Default)]
 pub struct NvmlHealth {
     counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Counts>>>,
+    /// Per GPU: the trouble bits of the last report and how many reports in a row saw them.
+    throttle: std::sync::Arc<std::sync::Mutex<BTreeMap<String, (u64, u32)>>>,
     log: std::sync::Arc<EventLog>,
 }
 
@@ -388,87 +395,137 @@ impl NvmlHealth {
             .unwrap_or_default()
     }
 
-    /// Wait on an NVML event set for Xid critical errors and ECC events in a thread of its own
-    /// (NVML's wait blocks), counting each; never one write per event: the counts ride on the
-    /// next heartbeat. A GPU that cannot register events is logged and watched without them.
-    fn watch(&self) {
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("nvml-events".into())
-            .spawn(move || me.watch_events());
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "NVML event watcher not started: no Xid or ECC events");
+    /// GPUs with counted events (a GPU that fell off the bus is no longer enumerated, but its
+    /// Xid 79 must still be reported).
+    fn known(&self) -> Vec<String> {
+        let all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        all.keys().cloned().collect()
+    }
+
+    /// One report's throttle bits for `uuid`: counted once the same trouble has been seen in
+    /// [`THROTTLE_REPORTS`] reports in a row, then once per report while it lasts.
+    fn throttled(&self, uuid: &str, bits: u64) {
+        let mut all = self.throttle.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, streak) = all.entry(uuid.to_string()).or_insert((0, 0));
+        *streak = if bits != 0 && bits == *last {
+            *streak + 1
+        } else {
+            1
+        };
+        *last = bits;
+        let count = bits != 0 && *streak >= THROTTLE_REPORTS;
+        drop(all);
+        if count {
+            self.add(uuid, EventKind::Throttle, Some(bits), 1);
         }
     }
 
-    fn watch_events(&self) {
+    /// One watcher thread per GPU, each with its own NVML event set for the Xid critical
+    /// errors and ECC events that GPU supports (NVML's wait blocks; one set per GPU means a GPU
+    /// that cannot register, or is lost, stops only its own watch). Each event is counted under
+    /// the uuid read at registration (a GPU that fell off the bus can no longer say it); never
+    /// one write per event: the counts ride on the next heartbeat.
+    fn watch(&self, n: &nvml_wrapper::Nvml) {
+        for i in 0..n.device_count().unwrap_or(0) {
+            let Some(uuid) = n.device_by_index(i).ok().and_then(|d| d.uuid().ok()) else {
+                continue;
+            };
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("nvml-events-{i}"))
+                .spawn(move || me.watch_gpu(i, &uuid));
+            if let Err(e) = spawned {
+                tracing::warn!(index = i, error = %e, "NVML event watcher not started");
+            }
+        }
+    }
+
+    /// Watch GPU `index` until its events cannot be waited on: a failed wait (other than a
+    /// timeout) is logged and the set rebuilt after a pause, up to a bound; a lost GPU ends it.
+    fn watch_gpu(&self, index: u32, uuid: &str) {
         use nvml_wrapper::bitmasks::event::EventTypes;
         use nvml_wrapper::enums::event::XidError;
+        use nvml_wrapper::error::NvmlError;
         let nvml = match nvml_wrapper::Nvml::init() {
             Ok(n) => n,
             Err(e) => {
-                tracing::warn!(error = %e, "NVML event watcher: NVML did not start");
+                tracing::warn!(uuid, error = %e, "NVML event watcher: NVML did not start");
                 return;
             }
-        };
-        let Ok(mut set) = nvml.create_event_set() else {
-            tracing::warn!("NVML event watcher: no event set");
-            return;
         };
         let wanted = EventTypes::CRITICAL_XID_ERROR
             | EventTypes::DOUBLE_BIT_ECC_ERROR
             | EventTypes::SINGLE_BIT_ECC_ERROR;
-        for i in 0..nvml.device_count().unwrap_or(0) {
-            let Ok(d) = nvml.device_by_index(i) else {
-                continue;
+        for attempt in 0..10u32 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_secs(5));
+            }
+            let Ok(d) = nvml.device_by_index(index) else {
+                tracing::warn!(uuid, "NVML event watcher: the GPU is gone");
+                return;
             };
-            let supported = d
+            let types = d
                 .supported_event_types()
                 .map(|t| t & wanted)
-                .unwrap_or(EventTypes::CRITICAL_XID_ERROR);
-            set = match d.register_events(supported, set) {
-                Ok(s) => s,
+                .unwrap_or(wanted);
+            if types.is_empty() {
+                tracing::info!(uuid, "this GPU reports no Xid or ECC events");
+                return;
+            }
+            let set = match nvml.create_event_set() {
+                Ok(set) => set,
                 Err(e) => {
-                    tracing::warn!(index = i, error = %e.error, "NVML event watcher: registration failed");
-                    return;
+                    tracing::warn!(uuid, error = %e, "NVML event watcher: no event set");
+                    continue;
                 }
             };
-        }
-        loop {
-            match set.wait(5_000) {
-                Ok(ev) => {
-                    let Ok(uuid) = ev.device.uuid() else {
-                        continue;
-                    };
-                    let (kind, code) = if ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                        let code = match ev.event_data {
-                            Some(XidError::Value(x)) => Some(x),
-                            _ => None,
-                        };
-                        (EventKind::Xid, code)
-                    } else if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
-                        (EventKind::EccDbe, None)
-                    } else if ev.event_type.contains(EventTypes::SINGLE_BIT_ECC_ERROR) {
-                        (EventKind::EccSbe, None)
-                    } else {
-                        continue;
-                    };
-                    tracing::warn!(uuid, ?kind, ?code, "GPU health event");
-                    self.add(&uuid, kind, code, 1);
-                }
-                Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+            let set = match d.register_events(types, set) {
+                Ok(set) => set,
                 Err(e) => {
-                    tracing::warn!(error = %e, "NVML event watcher stopped");
-                    return;
+                    tracing::warn!(uuid, error = %e.error, "NVML event watcher: registration failed");
+                    continue;
+                }
+            };
+            loop {
+                match set.wait(5_000) {
+                    Ok(ev) => {
+                        let (kind, code) = if ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR)
+                        {
+                            let code = match ev.event_data {
+                                Some(XidError::Value(x)) => Some(x),
+                                _ => None,
+                            };
+                            (EventKind::Xid, code)
+                        } else if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                            (EventKind::EccDbe, None)
+                        } else if ev.event_type.contains(EventTypes::SINGLE_BIT_ECC_ERROR) {
+                            (EventKind::EccSbe, None)
+                        } else {
+                            continue;
+                        };
+                        tracing::warn!(uuid, ?kind, ?code, "GPU health event");
+                        self.add(uuid, kind, code, 1);
+                    }
+                    Err(NvmlError::Timeout) => {}
+                    Err(NvmlError::GpuLost) => {
+                        tracing::warn!(uuid, "NVML event watcher: the GPU is lost");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(uuid, error = %e, "NVML event watcher: wait failed, rebuilding");
+                        break;
+                    }
                 }
             }
         }
+        tracing::warn!(uuid, "NVML event watcher gave up after repeated failures");
     }
 }
 
 fn nvml_telemetry(n: &nvml_wrapper::Nvml, health: &NvmlHealth) -> Telemetry {
     use nvml_wrapper::enum_wrappers::device::EccCounter;
     use nvml_wrapper::enum_wrappers::device::MemoryError;
+    use nvml_wrapper::enum_wrappers::device::RetirementCause;
     use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
     use nvml_wrapper::enums::device::UsedGpuMemory;
     let count = n.device_count().unwrap_or(0);
@@ -477,9 +534,30 @@ fn nvml_telemetry(n: &nvml_wrapper::Nvml, health: &NvmlHealth) -> Telemetry {
         let Ok(d) = n.device_by_index(i) else {
             continue;
         };
+        let Ok(uuid) = d.uuid() else {
+            continue;
+        };
         let mib = |b: u64| (b / (1024 * 1024)) as f64;
+        health.throttled(
+            &uuid,
+            d.current_throttle_reasons()
+                .map(|r| r.bits() & TROUBLE_THROTTLE)
+                .unwrap_or(0),
+        );
+        let mut counts = health.counts(&uuid);
+        let retired: usize = [
+            RetirementCause::MultipleSingleBitEccErrors,
+            RetirementCause::DoubleBitEccError,
+        ]
+        .into_iter()
+        .filter_map(|c| d.retired_pages(c).ok())
+        .map(|p| p.len())
+        .sum();
+        if retired > 0 {
+            counts.push((EventKind::RetiredPages, None, retired as u64));
+        }
         out.accelerators.push(AcceleratorTelemetry {
-            uuid: d.uuid().ok(),
+            uuid: Some(uuid.clone()),
             utilization_pct: d.utilization_rates().ok().map(|u| u.gpu as f64),
             memory_used_mib: d.memory_info().ok().map(|m| mib(m.used)),
             temperature_c: d.temperature(TemperatureSensor::Gpu).ok().map(|t| t as f64),
@@ -499,36 +577,23 @@ fn nvml_telemetry(n: &nvml_wrapper::Nvml, health: &NvmlHealth) -> Telemetry {
                     },
                 })
                 .collect(),
-            events: {
-                let uuid = d.uuid().unwrap_or_default();
-                let mut counts = health.counts(&uuid);
-                use nvml_wrapper::enum_wrappers::device::RetirementCause;
-                let retired: usize = [
-                    RetirementCause::MultipleSingleBitEccErrors,
-                    RetirementCause::DoubleBitEccError,
-                ]
-                .into_iter()
-                .filter_map(|c| d.retired_pages(c).ok())
-                .map(|p| p.len())
-                .sum();
-                if retired > 0 {
-                    counts.push((EventKind::RetiredPages, None, retired as u64));
-                }
-                let throttle = d
-                    .current_throttle_reasons()
-                    .map(|r| r.bits() & TROUBLE_THROTTLE)
-                    .unwrap_or(0);
-                if throttle != 0 {
-                    // Counted per report that saw it, by its reason bits.
-                    health.add(&uuid, EventKind::Throttle, Some(throttle), 1);
-                    counts = health.counts(&uuid);
-                    if retired > 0 {
-                        counts.push((EventKind::RetiredPages, None, retired as u64));
-                    }
-                }
-                health.log.observe(&uuid, &counts)
-            },
+            events: health.log.observe(&uuid, &counts),
         });
+    }
+    // A GPU with events that NVML no longer lists (fallen off the bus): its events still go.
+    for uuid in health.known() {
+        if !out
+            .accelerators
+            .iter()
+            .any(|a| a.uuid.as_deref() == Some(uuid.as_str()))
+        {
+            let events = health.log.observe(&uuid, &health.counts(&uuid));
+            out.accelerators.push(AcceleratorTelemetry {
+                uuid: Some(uuid),
+                events,
+                ..Default::default()
+            });
+        }
     }
     out
 }
@@ -692,6 +757,24 @@ mod tests {
         assert_eq!(
             modelforge_proto::gpu_health::worst(&other).0,
             modelforge_proto::gpu_health::Health::Healthy
+        );
+    }
+
+    #[test]
+    fn throttling_counts_only_when_it_lasts() {
+        let h = NvmlHealth::default();
+        // A blip of hardware slowdown (a clock change) counts nothing.
+        for bits in [0x8, 0, 0x8, 0x8, 0] {
+            h.throttled("GPU-1", bits);
+        }
+        assert!(h.counts("GPU-1").is_empty());
+        // Three reports in a row of the same trouble: counted, then once per report.
+        for _ in 0..4 {
+            h.throttled("GPU-1", 0x40);
+        }
+        assert_eq!(
+            h.counts("GPU-1"),
+            vec![(EventKind::Throttle, Some(0x40), 2)]
         );
     }
 }

@@ -626,8 +626,8 @@ pub struct AcceleratorView {
     /// The event behind a health other than `healthy` (`xid 79`).
     #[serde(default)]
     pub health_cause: Option<String>,
-    /// The health events of its latest telemetry (node detail only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The health events of its latest telemetry (node detail; empty in lists).
+    #[serde(default)]
     pub events: Vec<crate::gpu_health::GpuEvent>,
 }
 

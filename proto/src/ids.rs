@@ -298,6 +298,8 @@ names! {
         AllocationCreated = "allocation_created",
         AllocationReleased = "allocation_released",
         AllocationConfirmed = "allocation_confirmed",
+        /// An allocation's owner must act: a GPU of it failed (`gpu_failed`).
+        AllocationMarked = "allocation_marked",
         AcceleratorsBusyOutsideScheduler = "accelerators_busy_outside_scheduler",
         SmokeRequested = "smoke_requested",
         SmokePassed = "smoke_passed",

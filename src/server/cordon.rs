@@ -24,10 +24,10 @@ use modelforge_proto::wire::Telemetry;
 
 fn reason(body: &api::CordonRequest) -> Result<String, ApiError> {
     let r = body.reason.trim();
-    if r.is_empty() || r.len() > 1000 || r.chars().any(char::is_control) {
+    if r.is_empty() || r.chars().count() > 1000 || r.chars().any(char::is_control) {
         return Err(ApiError::new(
             ErrorCode::InvalidReason,
-            "reason must be 1 to 1000 bytes of printable text",
+            "reason must be 1 to 1,000 characters of printable text",
         ));
     }
     Ok(r.to_string())
@@ -200,13 +200,29 @@ fn judged(e: &GpuEvent, cleared_at: Option<i64>, now: i64) -> bool {
         || now - last < DEGRADED_FOR_MS
 }
 
-/// The health transitions a report shows against the replicated state: (uuid, health, cause).
+/// A transition a report shows: the GPU, the record it was judged from, the new health and
+/// its cause.
+pub struct Transition {
+    uuid: String,
+    from: Health,
+    cleared_at_ms: Option<i64>,
+    health: Health,
+    cause: String,
+}
+
+/// The health transitions a report shows against the replicated state.
 pub fn transitions(
     s: &crate::state::State,
     node_id: &NodeId,
     telemetry: &Telemetry,
     now: i64,
-) -> Vec<(String, Health, String)> {
+) -> Vec<Transition> {
+    if s.nodes
+        .get(node_id)
+        .is_some_and(|n| n.decommissioned_at_ms.is_some())
+    {
+        return vec![];
+    }
     let Some(node) = s.nodes.get(node_id) else {
         return vec![];
     };
@@ -229,8 +245,13 @@ pub fn transitions(
             let rec = s.health.gpu(node_id, uuid);
             let sticky = rec.is_some_and(|r| r.cordoned && r.health == Health::Failed);
             let current = rec.map_or(Health::Healthy, |r| r.health);
-            (health != current && !sticky)
-                .then(|| (uuid.clone(), health, cause.unwrap_or_default()))
+            (health != current && !sticky).then(|| Transition {
+                uuid: uuid.clone(),
+                from: current,
+                cleared_at_ms: cleared,
+                health,
+                cause: cause.unwrap_or_default(),
+            })
         })
         .collect()
 }
@@ -246,11 +267,20 @@ pub fn health_after_report(ctx: &Shared, node_id: &NodeId, telemetry: &Telemetry
     }
     let (ctx, node_id) = (ctx.clone(), node_id.clone());
     tokio::spawn(async move {
-        for (uuid, health, cause) in changes {
+        for t in changes {
+            let Transition {
+                uuid,
+                from,
+                cleared_at_ms,
+                health,
+                cause,
+            } = t;
             let rid = format!("gpu-health-{node_id}-{uuid}-{health:?}-{now}");
             let cmd = Command::GpuHealth {
                 node_id: node_id.clone(),
                 uuid: uuid.clone(),
+                from,
+                cleared_at_ms,
                 health,
                 cause: cause.clone(),
             };

@@ -89,10 +89,9 @@ async fn authenticate(
 
 /// A Raft RPC names this member as its target (`?to=<id>`, signed with the path): a process
 /// reached under two member ids (one address added twice) answers for neither but its own, so
-/// it can never vote twice. An RPC without a target comes from a member of an earlier release
-/// (rolling upgrade): accepted for one release, logged once; 0.x+1 refuses it.
+/// it can never vote twice. One without a target is refused too: members of other releases do
+/// not mix (the record format changes with a release: a cluster is upgraded as a whole).
 fn for_this_member(ctx: &Ctx, uri: &axum::http::Uri) -> Result<(), ApiError> {
-    static UNTARGETED: std::sync::Once = std::sync::Once::new();
     let key = modelforge_raft::network::TO_QUERY;
     let to = uri
         .query()
@@ -112,18 +111,10 @@ fn for_this_member(ctx: &Ctx, uri: &axum::http::Uri) -> Result<(), ApiError> {
                 format!("this Raft RPC is for member {id}; this is member {me}"),
             ))
         }
-        Some(Err(_)) => Err(ApiError::new(
+        _ => Err(ApiError::new(
             ErrorCode::PeerUnauthenticated,
-            format!("a Raft RPC's target (?{key}=) is a member id"),
+            format!("a Raft RPC names its target member (?{key}=<id>)"),
         )),
-        None => {
-            UNTARGETED.call_once(|| {
-                tracing::warn!(
-                    "accepted a Raft RPC that names no target member: a member of an earlier release is in the cluster (finish the upgrade; the next release refuses these)"
-                )
-            });
-            Ok(())
-        }
     }
 }
 

@@ -119,6 +119,9 @@ pub enum Command {
     GpuHealth {
         node_id: NodeId,
         uuid: String,
+        /// The record the transition was judged from (apply drops it if that has changed).
+        from: modelforge_proto::gpu_health::Health,
+        cleared_at_ms: Option<i64>,
         health: modelforge_proto::gpu_health::Health,
         cause: String,
     },

@@ -333,6 +333,8 @@ impl State {
             let _ = self.release(now, id, "node decommissioned");
         }
         self.sched.smoke_required.remove(node_id);
+        self.health.gpus.remove(node_id);
+        self.health.cordons.remove(node_id);
         Some(effects)
     }
 }

@@ -109,15 +109,39 @@ pub fn health_name(h: Health) -> &'static str {
 }
 
 impl State {
+    /// The node, if it exists and is not decommissioned (health and cordons are for nodes in
+    /// service; a decommissioned node's records are dropped with it).
+    fn live_node(&self, node_id: &NodeId) -> Result<(), Refusal> {
+        match self.nodes.get(node_id) {
+            None => Err(Refusal::new(RefusalCode::NodeNotFound)),
+            Some(n) if n.decommissioned_at_ms.is_some() => {
+                Err(Refusal::new(RefusalCode::NodeDecommissioned))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     /// A reported health transition of one GPU.
+    #[allow(clippy::too_many_arguments)] // a transition and the state it was judged from
     pub(super) fn gpu_health(
         &mut self,
         now: i64,
         node_id: &NodeId,
         uuid: &str,
+        from: Health,
+        cleared_at_ms: Option<i64>,
         health: Health,
         cause: &str,
     ) -> ApplyResult {
+        self.live_node(node_id)?;
+        // Judged from a record that has changed since (another transition, an operator's
+        // clearing): stale evidence, dropped; the next report judges again.
+        let rec = self.health.gpu(node_id, uuid);
+        if rec.map_or(Health::Healthy, |r| r.health) != from
+            || rec.and_then(|r| r.cleared_at_ms) != cleared_at_ms
+        {
+            return Ok(Outcome::GpuHealthRecorded { changed: false });
+        }
         let Some(node) = self.nodes.get_mut(node_id) else {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
@@ -183,8 +207,8 @@ impl State {
                 push_history(
                     n,
                     now,
-                    HistoryKind::GpuHealth,
-                    format!("{id}: its GPU {uuid} failed ({cause})"),
+                    HistoryKind::AllocationMarked,
+                    format!("{id}: gpu_failed (GPU {uuid}: {cause})"),
                 );
             }
         }
@@ -199,6 +223,7 @@ impl State {
         reason: &str,
         drain: bool,
     ) -> ApplyResult {
+        self.live_node(node_id)?;
         let Some(node) = self.nodes.get_mut(node_id) else {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
@@ -251,6 +276,7 @@ impl State {
         node_id: &NodeId,
         reason: &str,
     ) -> ApplyResult {
+        self.live_node(node_id)?;
         let Some(node) = self.nodes.get_mut(node_id) else {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
@@ -275,6 +301,7 @@ impl State {
         uuid: &str,
         reason: &str,
     ) -> ApplyResult {
+        self.live_node(node_id)?;
         let Some(node) = self.nodes.get_mut(node_id) else {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
@@ -290,6 +317,15 @@ impl State {
             HistoryKind::Uncordoned,
             format!("{uuid}: {reason} (by {actor})"),
         );
+        let was = self.health.health(node_id, uuid);
+        if was != Health::Healthy {
+            push_history(
+                node,
+                now,
+                HistoryKind::GpuHealth,
+                format!("{uuid} healthy: cleared by {actor}"),
+            );
+        }
         let gpus = self.health.gpus.entry(node_id.clone()).or_default();
         gpus.insert(
             uuid.to_string(),

@@ -292,9 +292,11 @@ impl State {
             Command::GpuHealth {
                 node_id,
                 uuid,
+                from,
+                cleared_at_ms,
                 health,
                 cause,
-            } => self.gpu_health(now, node_id, uuid, *health, cause),
+            } => self.gpu_health(now, node_id, uuid, *from, *cleared_at_ms, *health, cause),
             Command::Cordon {
                 node_id,
                 reason,

@@ -1303,6 +1303,8 @@ fn audit_events_leave_at_most_a_bounded_number_per_prune() {
 }
 
 fn health(s: &mut State, req: &str, uuid: &str, h: Health, cause: &str) -> ApplyResult {
+    let from = s.health.health(&"n1".into(), uuid);
+    let cleared_at_ms = s.health.cleared_at(&"n1".into(), uuid);
     s.apply(
         10,
         &env(
@@ -1311,6 +1313,8 @@ fn health(s: &mut State, req: &str, uuid: &str, h: Health, cause: &str) -> Apply
             Command::GpuHealth {
                 node_id: "n1".into(),
                 uuid: uuid.into(),
+                from,
+                cleared_at_ms,
                 health: h,
                 cause: cause.into(),
             },
@@ -1347,8 +1351,26 @@ fn a_failed_gpu_is_cordoned_sticky_and_marks_its_allocation_until_an_operator_cl
         s.sched.allocations["a1"].state(),
         AllocationState::GpuFailed
     );
-    // The allocation marker is one entry more.
-    assert_eq!(gpu_history(&s), 3);
+    // One gpu_health entry per transition; the allocation's mark is an entry of its own.
+    assert_eq!(gpu_history(&s), 2);
+    assert!(
+        s.nodes["n1"]
+            .history
+            .iter()
+            .any(|e| e.kind == HistoryKind::AllocationMarked)
+    );
+    // A transition judged from a record that has changed since is stale: dropped.
+    let stale = Command::GpuHealth {
+        node_id: "n1".into(),
+        uuid: "G1".into(),
+        from: Health::Healthy,
+        cleared_at_ms: None,
+        health: Health::Degraded,
+        cause: "xid 94".into(),
+    };
+    let r = s.apply(10, &env("stale", 3_000, stale)).result.unwrap();
+    assert_eq!(r, Outcome::GpuHealthRecorded { changed: false });
+    assert_eq!(s.health.health(&"n1".into(), "G1"), Health::Failed);
     // Sticky: a healthy report does not lift it; nothing is placed on it.
     health(&mut s, "h4", "G1", Health::Healthy, "").unwrap();
     assert_eq!(s.health.health(&"n1".into(), "G1"), Health::Failed);
@@ -1382,6 +1404,7 @@ fn a_failed_gpu_is_cordoned_sticky_and_marks_its_allocation_until_an_operator_cl
     s.apply(12, &env("un", 4_000, un)).result.unwrap();
     assert!(s.health.placeable(&"n1".into(), "G1"));
     assert_eq!(s.health.cleared_at(&"n1".into(), "G1"), Some(4_000));
+    assert_eq!(gpu_history(&s), 3, "the clearing is a health change too");
     assert!(allocate(&mut s, "a3", "n1", &["G1"], None).is_ok());
 }
 

@@ -634,7 +634,7 @@ pub struct AcceleratorView {
 /// `POST .../nodes/{id}/cordon`, `uncordon`, `drain` and `.../accelerators/{uuid}/uncordon`.
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CordonRequest {
-    /// Why (kept in the audit trail and the node's history; 1 to 1,000 characters).
+    /// Why (kept in the audit trail and the node's history; 1 to 1024 bytes of printable text).
     pub reason: String,
 }
 

@@ -34,6 +34,17 @@ pub enum Health {
     Failed,
 }
 
+impl Health {
+    /// Its name on the wire (`healthy`, `degraded`, `failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Degraded => "degraded",
+            Health::Failed => "failed",
+        }
+    }
+}
+
 /// What kind of event a GPU reported.
 #[derive(
     Clone,

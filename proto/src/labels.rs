@@ -78,14 +78,19 @@ pub fn node_labels(gpus: &[Accelerator]) -> BTreeMap<String, String> {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
     out.insert(COUNT.into(), gpus.len().to_string());
-    let mig = gpus
-        .iter()
-        .any(|a| a.mig_mode.as_deref() == Some("enabled"));
-    out.insert(
-        MIG_STRATEGY.into(),
-        if mig { "mixed" } else { "none" }.into(),
-    );
+    out.insert(MIG_STRATEGY.into(), mig_strategy(gpus).into());
     out
+}
+
+fn mig_strategy(gpus: &[Accelerator]) -> &'static str {
+    if gpus
+        .iter()
+        .any(|a| a.mig_mode.as_deref() == Some("enabled"))
+    {
+        "mixed"
+    } else {
+        "none"
+    }
 }
 
 /// Whether GPU `a` of a node with `gpus` meets every constraint (label -> exact value).
@@ -97,10 +102,12 @@ pub fn meets(
     if constraints.is_empty() {
         return true;
     }
+    // Called for every GPU of every candidate node: the node-wide labels are compared
+    // directly, not built into a map each time.
     let own = gpu_labels(a);
-    let node = node_labels(gpus);
     constraints.iter().all(|(k, want)| match k.as_str() {
-        COUNT | MIG_STRATEGY => node.get(k) == Some(want),
+        COUNT => gpus.len().to_string() == *want,
+        MIG_STRATEGY => mig_strategy(gpus) == want,
         _ => own.get(k.as_str()) == Some(want),
     })
 }

@@ -283,10 +283,11 @@ pub(super) async fn nodes(args: &AdminArgs, c: &mut Client, cmd: &NodeCmd) -> Re
             emit_or_quiet(args, &v, vec![n.node_id.to_string()], || {
                 let gpus = n.accelerators.iter().filter(|a| a.cordoned).count();
                 format!(
-                    "node {}: {done}; cordoned: {}; health: {:?}; cordoned GPUs: {gpus}\n",
-                    n.node_id, n.cordoned, n.health
+                    "node {}: {done}; cordoned: {}; health: {}; cordoned GPUs: {gpus}\n",
+                    n.node_id,
+                    n.cordoned,
+                    n.health.as_str()
                 )
-                .to_lowercase()
             });
         }
     }
@@ -324,7 +325,7 @@ fn node_text(d: &api::NodeDetail) -> String {
         .map(|a| {
             let h = match a.health {
                 modelforge_proto::gpu_health::Health::Healthy => String::new(),
-                h => format!(" {h:?}").to_lowercase(),
+                h => format!(" {}", h.as_str()),
             };
             let c = if a.cordoned { " cordoned" } else { "" };
             format!("{} ({}){h}{c}", a.accelerator.uuid, a.accelerator.name)

@@ -22,15 +22,10 @@ use modelforge_proto::gpu_health::Health;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::wire::Telemetry;
 
+/// The required reason: the shared rule for reasons (printable, at most 1024 bytes), not blank.
 fn reason(body: &api::CordonRequest) -> Result<String, ApiError> {
-    let r = body.reason.trim();
-    if r.is_empty() || r.chars().count() > 1000 || r.chars().any(char::is_control) {
-        return Err(ApiError::new(
-            ErrorCode::InvalidReason,
-            "reason must be 1 to 1,000 characters of printable text",
-        ));
-    }
-    Ok(r.to_string())
+    super::admin::optional_reason(Some(body.reason.clone()))?
+        .ok_or_else(|| ApiError::new(ErrorCode::InvalidReason, "a reason is required"))
 }
 
 /// Propose `cmd` for the operator, then answer the node's view.
@@ -39,12 +34,11 @@ async fn act(
     op: &str,
     node_id: &NodeId,
     headers: &HeaderMap,
-    what: &str,
     cmd: Command,
 ) -> Result<Response, ApiError> {
     let rid = request_id(
         headers,
-        &format!("admin {what} {node_id}"),
+        &format!("admin {} {node_id}", cmd.action()),
         &format!("{cmd:?}"),
     )?;
     ctx.propose(op, rid, cmd).await?;
@@ -81,7 +75,7 @@ pub async fn cordon(
         reason,
         drain: false,
     };
-    act(&ctx, &op.name, &node_id, &headers, "node.cordon", cmd).await
+    act(&ctx, &op.name, &node_id, &headers, cmd).await
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/drain`.
@@ -107,7 +101,7 @@ pub async fn drain(
         reason,
         drain: true,
     };
-    act(&ctx, &op.name, &node_id, &headers, "node.drain", cmd).await
+    act(&ctx, &op.name, &node_id, &headers, cmd).await
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/uncordon`.
@@ -132,7 +126,7 @@ pub async fn uncordon(
         node_id: node_id.clone(),
         reason,
     };
-    act(&ctx, &op.name, &node_id, &headers, "node.uncordon", cmd).await
+    act(&ctx, &op.name, &node_id, &headers, cmd).await
 }
 
 /// `POST /api/v1/admin/hardware/nodes/{node_id}/accelerators/{uuid}/uncordon`.
@@ -172,15 +166,7 @@ pub async fn uncordon_accelerator(
         uuid,
         reason,
     };
-    act(
-        &ctx,
-        &op.name,
-        &node_id,
-        &headers,
-        "node.accelerator.uncordon",
-        cmd,
-    )
-    .await
+    act(&ctx, &op.name, &node_id, &headers, cmd).await
 }
 
 /// A degraded event that has not grown for this long no longer counts (throttling passes).

@@ -20,6 +20,7 @@ use modelforge_proto::ids::HistoryKind;
 use modelforge_proto::ids::NodeId;
 
 use super::ApplyResult;
+use super::Node;
 use super::Outcome;
 use super::Refusal;
 use super::State;
@@ -100,27 +101,23 @@ impl Fleet {
     }
 }
 
-pub fn health_name(h: Health) -> &'static str {
-    match h {
-        Health::Healthy => "healthy",
-        Health::Degraded => "degraded",
-        Health::Failed => "failed",
+/// The node, if it exists and is not decommissioned (health and cordons are for nodes in
+/// service; a decommissioned node's records are dropped with it). It borrows only the node
+/// map, so the caller may still read and change the health records.
+fn in_service<'a>(
+    nodes: &'a mut OrdMap<NodeId, Node>,
+    node_id: &NodeId,
+) -> Result<&'a mut Node, Refusal> {
+    match nodes.get_mut(node_id) {
+        None => Err(Refusal::new(RefusalCode::NodeNotFound)),
+        Some(n) if n.decommissioned_at_ms.is_some() => {
+            Err(Refusal::new(RefusalCode::NodeDecommissioned))
+        }
+        Some(n) => Ok(n),
     }
 }
 
 impl State {
-    /// The node, if it exists and is not decommissioned (health and cordons are for nodes in
-    /// service; a decommissioned node's records are dropped with it).
-    fn live_node(&self, node_id: &NodeId) -> Result<(), Refusal> {
-        match self.nodes.get(node_id) {
-            None => Err(Refusal::new(RefusalCode::NodeNotFound)),
-            Some(n) if n.decommissioned_at_ms.is_some() => {
-                Err(Refusal::new(RefusalCode::NodeDecommissioned))
-            }
-            Some(_) => Ok(()),
-        }
-    }
-
     /// A reported health transition of one GPU.
     #[allow(clippy::too_many_arguments)] // a transition and the state it was judged from
     pub(super) fn gpu_health(
@@ -133,7 +130,7 @@ impl State {
         health: Health,
         cause: &str,
     ) -> ApplyResult {
-        self.live_node(node_id)?;
+        let node = in_service(&mut self.nodes, node_id)?;
         // Judged from a record that has changed since (another transition, an operator's
         // clearing): stale evidence, dropped; the next report judges again.
         let rec = self.health.gpu(node_id, uuid);
@@ -142,9 +139,6 @@ impl State {
         {
             return Ok(Outcome::GpuHealthRecorded { changed: false });
         }
-        let Some(node) = self.nodes.get_mut(node_id) else {
-            return Err(Refusal::new(RefusalCode::NodeNotFound));
-        };
         if !node.inventory.accelerators.iter().any(|a| a.uuid == uuid) {
             return Err(Refusal::with(
                 RefusalCode::InvalidBody,
@@ -172,7 +166,7 @@ impl State {
             let detail = if health == Health::Healthy {
                 format!("{uuid} healthy")
             } else {
-                format!("{uuid} {}: {cause}", health_name(health))
+                format!("{uuid} {}: {cause}", health.as_str())
             };
             push_history(node, now, HistoryKind::GpuHealth, detail);
         }
@@ -223,10 +217,7 @@ impl State {
         reason: &str,
         drain: bool,
     ) -> ApplyResult {
-        self.live_node(node_id)?;
-        let Some(node) = self.nodes.get_mut(node_id) else {
-            return Err(Refusal::new(RefusalCode::NodeNotFound));
-        };
+        let node = in_service(&mut self.nodes, node_id)?;
         let kind = if drain {
             HistoryKind::Drained
         } else {
@@ -276,10 +267,7 @@ impl State {
         node_id: &NodeId,
         reason: &str,
     ) -> ApplyResult {
-        self.live_node(node_id)?;
-        let Some(node) = self.nodes.get_mut(node_id) else {
-            return Err(Refusal::new(RefusalCode::NodeNotFound));
-        };
+        let node = in_service(&mut self.nodes, node_id)?;
         if self.health.cordons.remove(node_id).is_some() {
             push_history(
                 node,
@@ -301,10 +289,7 @@ impl State {
         uuid: &str,
         reason: &str,
     ) -> ApplyResult {
-        self.live_node(node_id)?;
-        let Some(node) = self.nodes.get_mut(node_id) else {
-            return Err(Refusal::new(RefusalCode::NodeNotFound));
-        };
+        let node = in_service(&mut self.nodes, node_id)?;
         if !node.inventory.accelerators.iter().any(|a| a.uuid == uuid) {
             return Err(Refusal::with(
                 RefusalCode::NotFound,

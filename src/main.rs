@@ -2,32 +2,18 @@
 
 use modelforge::cli::Cmd;
 
+/// mimalloc: per-thread free lists (glibc's arenas cost a fifth of a member's CPU under
+/// heartbeat load), and freed memory is returned to the system after a short delay, so the
+/// argon2 workers' 19 MiB blocks do not stay resident.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
-    // Before any thread exists: the allocator's settings hold for every arena.
-    tune_allocator();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("the tokio runtime starts")
         .block_on(run())
-}
-
-/// glibc's malloc raises its mmap threshold to the size of each large block freed (up to
-/// 32 MiB), so after the first argon2 hash (19 MiB at the default parameters) the next ones
-/// come from the hash workers' arenas, and freed arena memory mostly stays resident: a member
-/// kept about 600 MiB after filling its credential pool (tests/resources.rs). A fixed
-/// threshold keeps blocks of 1 MiB and more in their own mappings, returned to the system
-/// when freed; the arenas are capped at two a core.
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        // SAFETY: mallopt only sets allocator parameters; called before any other thread runs.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-            libc::mallopt(libc::M_ARENA_MAX, (2 * cores) as libc::c_int);
-        }
-    }
 }
 
 async fn run() {

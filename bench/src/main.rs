@@ -121,14 +121,16 @@ fn parse_args() -> Args {
             }
             "--no-etcd" => args.etcd = false,
             "--only" => match it.next().as_deref() {
-                Some("flood") => args.only = Some("flood".into()),
+                Some(s @ ("flood" | "heartbeats" | "writes" | "population")) => {
+                    args.only = Some(s.into())
+                }
                 other => usage(&format!(
-                    "--only takes a scenario name (flood), not {other:?}"
+                    "--only takes a scenario group (flood, heartbeats, writes, population), not {other:?}"
                 )),
             },
             "-h" | "--help" => {
                 println!(
-                    "modelforge-bench [--profile full|smoke] [--out FILE] [--server PATH] [--no-etcd] [--only flood]"
+                    "modelforge-bench [--profile full|smoke] [--out FILE] [--server PATH] [--no-etcd] [--only flood|heartbeats|writes|population]"
                 );
                 std::process::exit(0);
             }
@@ -187,25 +189,34 @@ async fn main() {
     b.r.put("profile", json!(p.name));
     b.r.put("machine", machine());
     println!("modelforge-bench, profile {} on {}", p.name, machine());
-    if args.only.as_deref() == Some("flood") {
-        scenario::flood::run(&mut b).await;
-        b.r.finish(&args.out);
-        return;
-    }
-
-    let bare = scenario::reference::bare_axum(&mut b).await;
+    // `--only` runs one group of scenarios (with what it needs), for iterating on it.
+    let only = args.only.as_deref();
+    let runs = |group: &str| only.is_none_or(|o| o == group);
     let mut one = scenario::reference::argon2_bound();
-    let a = scenario::enrolment::run(&mut b, &mut one).await;
-    scenario::heartbeats::run(&mut b, &a, &bare).await;
-    scenario::writes::run(&mut b, &a, args.etcd).await;
-    drop(a);
-    scenario::tls_cost::run(&mut b).await;
-    let mut pop = scenario::population::enrol(&mut b).await;
-    scenario::open_loop::run(&mut b, &pop).await;
-    let killed = scenario::failover::run(&mut b, &mut pop, one).await;
-    scenario::memory::run(&mut b, &mut pop, killed).await;
-    drop(pop);
-    scenario::flood::run(&mut b).await;
+    if runs("heartbeats") || runs("writes") {
+        let bare = scenario::reference::bare_axum(&mut b).await;
+        let a = scenario::enrolment::run(&mut b, &mut one).await;
+        if runs("heartbeats") {
+            scenario::heartbeats::run(&mut b, &a, &bare).await;
+        }
+        if runs("writes") {
+            scenario::writes::run(&mut b, &a, args.etcd).await;
+        }
+        drop(a);
+    }
+    if only.is_none() {
+        scenario::tls_cost::run(&mut b).await;
+    }
+    if runs("population") {
+        let mut pop = scenario::population::enrol(&mut b).await;
+        scenario::open_loop::run(&mut b, &pop).await;
+        let killed = scenario::failover::run(&mut b, &mut pop, one).await;
+        scenario::memory::run(&mut b, &mut pop, killed).await;
+        drop(pop);
+    }
+    if runs("flood") {
+        scenario::flood::run(&mut b).await;
+    }
     b.r.finish(&args.out);
     drop(dir);
 }

@@ -450,8 +450,19 @@ pub async fn heartbeat(
     client: ClientAddr,
     JsonBody(telemetry): JsonBody<Telemetry>,
 ) -> Result<Response, ApiError> {
-    let (node_id, credential_id) = authenticate(&ctx, &node_id, &headers, client).await?;
-    record_use(&ctx, &credential_id).await?;
+    heartbeat_core(&ctx, &node_id, &headers, client, telemetry).await
+}
+
+/// A heartbeat, sent to this member directly or relayed in a batch (`relay_batch`).
+pub(super) async fn heartbeat_core(
+    ctx: &Shared,
+    node_id: &str,
+    headers: &HeaderMap,
+    client: ClientAddr,
+    telemetry: Telemetry,
+) -> Result<Response, ApiError> {
+    let (node_id, credential_id) = authenticate(ctx, node_id, headers, client).await?;
+    record_use(ctx, &credential_id).await?;
     let now = now_ms();
     // A heartbeat that names accelerators is a fresh hardware report.
     let report = telemetry.accelerators.iter().any(|a| a.uuid.is_some());
@@ -475,8 +486,8 @@ pub async fn heartbeat(
             .filter(|a| !a.processes.is_empty())
             .filter_map(|a| a.uuid.clone())
             .collect();
-        super::scheduler::reconcile_after_report(&ctx, &node_id, present, busy);
-        super::cordon::health_after_report(&ctx, &node_id, &telemetry);
+        super::scheduler::reconcile_after_report(ctx, &node_id, present, busy);
+        super::cordon::health_after_report(ctx, &node_id, &telemetry);
     }
     let jobs = {
         let s = ctx.app.read();

@@ -73,22 +73,27 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                     )
                 }
             })?;
-        let bytes: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-            b"{}"
-        } else {
-            &bytes
-        };
-        // serde would also take a struct as an array of its fields (`[]`, `[[null]]`), which the
-        // document does not allow. Bodies whose arrays all hold objects (every body we send) are
-        // parsed directly; any other goes through a value that refuses exactly that (unknown
-        // fields, whatever they hold, are still ignored).
-        let parsed = if objects_only(bytes) {
-            serde_json::from_slice(bytes)
-        } else {
-            serde_json::from_slice::<serde_json::Value>(bytes).and_then(super::strict::from_value)
-        };
-        parsed.map(JsonBody).map_err(body_error)
+        parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// A request body read as [`JsonBody`] reads it (also for bodies that arrive in a batch).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        b"{}"
+    } else {
+        bytes
+    };
+    // serde would also take a struct as an array of its fields (`[]`, `[[null]]`), which the
+    // document does not allow. Bodies whose arrays all hold objects (every body we send) are
+    // parsed directly; any other goes through a value that refuses exactly that (unknown
+    // fields, whatever they hold, are still ignored).
+    let parsed = if objects_only(bytes) {
+        serde_json::from_slice(bytes)
+    } else {
+        serde_json::from_slice::<serde_json::Value>(bytes).and_then(super::strict::from_value)
+    };
+    parsed.map_err(body_error)
 }
 
 /// The contract's error for a body serde refused, without echoing the input.

@@ -86,6 +86,10 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         return next.run(req).await;
     }
     let url = ctx.peer_url(leader_id, &url);
+    // Heartbeats from agents travel to the leader in batches (`relay_batch`).
+    if signed.is_none() && super::relay_batch::is_heartbeat(&req) {
+        return super::relay_batch::relay(&ctx, req).await;
+    }
     match relay(&ctx, req, signed, leader_id, &url, hops + 1).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
@@ -154,26 +158,26 @@ async fn relay(
 }
 
 /// One request as the leader will receive it.
-struct Relayed {
-    method: reqwest::Method,
+pub(super) struct Relayed {
+    pub(super) method: reqwest::Method,
     /// Path and query.
-    path: String,
+    pub(super) path: String,
     /// The caller's headers; only [`FORWARDED_HEADERS`] travel.
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
-    hops: u32,
+    pub(super) headers: axum::http::HeaderMap,
+    pub(super) body: axum::body::Bytes,
+    pub(super) hops: u32,
     /// The address the request came from (the leader budgets failed secret checks by it).
-    client: std::net::IpAddr,
+    pub(super) client: std::net::IpAddr,
     /// See [`safe_to_resend`].
-    resendable: bool,
+    pub(super) resendable: bool,
     /// How long the leader may hold a blocking query before it answers.
-    blocking: Duration,
+    pub(super) blocking: Duration,
 }
 
 /// What the relay needs to know about leadership while it retries: [`super::Ctx`] in
 /// production, a scripted view in the unit tests (so the relay's answers are tested without a
 /// cluster).
-trait LeaderView {
+pub(super) trait LeaderView {
     /// This member's id.
     fn me(&self) -> u64;
     fn is_leader(&self) -> bool;
@@ -211,7 +215,7 @@ impl LeaderView for super::Ctx {
 /// retried (the request certainly did not arrive), and so is a broken one when the request is
 /// safe to resend, until `leader_wait` passes; then the answer is `no_leader` if no attempt can
 /// have reached a leader, and `outcome_unknown` for a write that may have.
-async fn send_to_leader(
+pub(super) async fn send_to_leader(
     view: &impl LeaderView,
     http: &reqwest::Client,
     signer: &PeerSigner,

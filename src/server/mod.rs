@@ -21,6 +21,7 @@ mod openapi;
 mod operators;
 mod peer;
 pub mod peer_auth;
+mod relay_batch;
 mod routes;
 mod scheduler;
 mod strict;
@@ -153,6 +154,8 @@ pub struct Ctx {
     pub id_locks: budget::IdLocks,
     /// The data dir's free space; writes are refused under the reserve.
     pub disk: crate::disk::DiskWatch,
+    /// Agents' heartbeats waiting to be relayed to the leader in a batch.
+    pub heartbeats: relay_batch::HeartbeatRelay,
 }
 
 /// Counters of the secret checks (node credentials and operator tokens), shown in
@@ -376,6 +379,7 @@ pub async fn serve_on(
         reconciling: Default::default(),
         id_locks: Default::default(),
         disk,
+        heartbeats: Default::default(),
     });
     // Every background loop runs until the switch, in one set, so that shutdown is observable:
     // `serve_on` returns only once each of them has ended.
@@ -405,6 +409,7 @@ pub async fn serve_on(
     until_stopped(Box::pin(ctx.queue_delay.clone().probe()));
     until_stopped(Box::pin(observe::notify_ready(ctx.clone())));
     until_stopped(Box::pin(watch::publish_changes(ctx.clone())));
+    until_stopped(Box::pin(relay_batch::run(ctx.clone())));
     if let Some(store) = &store {
         let reloader = crate::tls::Reloader::new(
             store.clone(),

@@ -47,6 +47,15 @@ tokio::task_local! {
     static REQUEST_ID: Arc<str>;
 }
 
+/// Run `fut` as serving the request `id` (a heartbeat relayed in a batch keeps the id the
+/// agent's request got on the member that received it).
+pub async fn with_request_id<F: std::future::Future>(id: Option<String>, fut: F) -> F::Output {
+    match id {
+        Some(id) => REQUEST_ID.scope(Arc::from(id.as_str()), fut).await,
+        None => fut.await,
+    }
+}
+
 /// The id of the request the calling task serves, if it serves one.
 pub fn current_request_id() -> Option<String> {
     REQUEST_ID.try_with(|id| id.to_string()).ok()

@@ -91,6 +91,10 @@ pub fn router(ctx: Shared) -> Router {
         .route(READ_INDEX, get(peer_read_index))
         .route(VERIFIED, post(peer_verified))
         .route(OBSERVED, post(peer_observed))
+        .route(
+            super::relay_batch::HEARTBEATS,
+            post(super::relay_batch::peer_heartbeats),
+        )
         .route(AUDIT_ARCHIVE, post(super::peer::peer_audit_archive))
         // Checked before the handler runs, so a refused caller's body is never read.
         .route_layer(axum::middleware::from_fn_with_state(

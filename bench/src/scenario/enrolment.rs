@@ -16,8 +16,7 @@ use crate::report::cores;
 
 /// Cluster A with its enrolled, warmed-up agents.
 pub struct ClusterA {
-    /// Held, not read: dropping it stops the members.
-    #[allow(dead_code)]
+    /// Dropping it stops the members.
     pub cluster: Cluster,
     pub urls: Vec<String>,
     pub leader_url: String,
@@ -53,26 +52,7 @@ pub async fn run(b: &mut Bench, one: &mut f64) -> ClusterA {
 
     // Enrolment burst: wait until the leader's pool of credentials minted ahead is full (as it
     // is on an idle control plane), then every agent at once.
-    let t = Instant::now();
-    let pool = loop {
-        let l = a.wait_leader(Duration::from_secs(30)).await;
-        let ready = a
-            .cluster_view(&http, l)
-            .await
-            .map_or(0, |v| v.credential_pool.ready);
-        if ready >= p.burst {
-            break ready;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(600),
-            "credential pool never filled ({ready})"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    println!(
-        "credential pool ready: {pool} (after {:.1} s)",
-        t.elapsed().as_secs_f64()
-    );
+    wait_pool(&a, &http, p.burst).await;
     // The bound again, right before the burst, under the same conditions (this machine is
     // shared: the mean of the two medians is the reference).
     *one = (*one + one_hash_secs()) / 2.0;
@@ -114,4 +94,29 @@ pub async fn run(b: &mut Bench, one: &mut f64) -> ClusterA {
         leader_url,
         agents: agents_a,
     }
+}
+
+/// Wait until the leader's pool of credentials minted ahead holds `want` (as on a control
+/// plane that has been idle a while).
+pub async fn wait_pool(a: &Cluster, http: &reqwest::Client, want: usize) {
+    let t = Instant::now();
+    let pool = loop {
+        let l = a.wait_leader(Duration::from_secs(30)).await;
+        let ready = a
+            .cluster_view(http, l)
+            .await
+            .map_or(0, |v| v.credential_pool.ready);
+        if ready >= want {
+            break ready;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(600),
+            "credential pool never filled ({ready})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "credential pool ready: {pool} (after {:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
 }

@@ -62,18 +62,31 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
     let traces = run.await.expect("agents");
     let verifies_after = argon2_verifies(b, &http).await;
     let mut back = vec![];
+    // Per agent, from its first heartbeat due after the kill to its first 200: an agent whose
+    // next heartbeat was due just before the next interval cannot be back sooner than that,
+    // so "back within one interval" is judged from when each agent next tried.
+    let mut outage = vec![];
     let mut never = 0;
     let mut refused_after = 0;
     for trace in &traces {
-        let after: Vec<_> = trace.iter().filter(|(s, _, _)| *s >= killed_at).collect();
+        // A heartbeat in flight at the kill counts: it is the one that may have been lost.
+        let after: Vec<_> = trace.iter().filter(|(_, d, _)| *d >= killed_at).collect();
         refused_after += after.iter().filter(|(_, _, st)| *st != Some(200)).count();
         match after.iter().find(|(_, _, st)| *st == Some(200)) {
-            Some((_, done, _)) => back.push(*done - killed_at),
+            Some((_, done, _)) => {
+                back.push(*done - killed_at);
+                let first_due = after
+                    .first()
+                    .map_or(killed_at, |(s, _, _)| *s.max(&killed_at));
+                outage.push(*done - first_due);
+            }
             None => never += 1,
         }
     }
     back.sort();
+    outage.sort();
     let all_back = back.last().copied().unwrap_or_default();
+    let worst_outage = outage.last().copied().unwrap_or_default();
     let new_verifies = verifies_after.saturating_sub(verifies_before);
     r.row(
         "Failover: kill -9 leader -> next acknowledged write",
@@ -85,19 +98,20 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
     r.row(
         &format!("Failover: every one of {n_fo} agents (interval {iv:?}) gets 200 again"),
         format!(
-            "{:.0} ms ({never} never did; {refused_after} heartbeats unanswered or refused)",
+            "longest from an agent's next heartbeat to its 200: {:.0} ms; last agent back {:.0} ms after the kill ({never} never did; {refused_after} heartbeats unanswered or refused)",
+            ms(worst_outage),
             ms(all_back)
         ),
         format!(
             "{new_verifies} argon2 verifies on the survivors (~{:.0} ms of one core at the default parameters)",
             new_verifies as f64 * one * 1000.0
         ),
-        "< 2 heartbeat intervals",
-        Some(never == 0 && all_back < iv * 2),
+        "< 1 heartbeat interval",
+        Some(never == 0 && worst_outage < iv),
     );
     r.put(
         "failover",
-        json!({"write_ms": write_ms, "agents": n_fo, "interval_ms": ms(iv), "all_back_ms": ms(all_back),
+        json!({"write_ms": write_ms, "agents": n_fo, "interval_ms": ms(iv), "all_back_ms": ms(all_back), "worst_outage_ms": ms(worst_outage),
                "p50_back_ms": ms(back.get(back.len() / 2).copied().unwrap_or_default()),
                "never_back": never, "unanswered_or_refused": refused_after,
                "argon2_verifies_on_survivors": new_verifies}),

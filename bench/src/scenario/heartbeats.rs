@@ -10,6 +10,9 @@ use crate::load::drive;
 /// `bare_s`: the bare-axum reference over TLS.
 pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
     let (p, http) = (b.p, b.http.clone());
+    // Steady state: the leader refills its credential pool after the burst (argon2 at a
+    // quarter of a core while agents are served), which is not what a heartbeat costs.
+    super::enrolment::wait_pool(&a.cluster, &http, p.burst).await;
     let r = &mut b.r;
     let (agents_a, urls, leader_url) = (&a.agents, &a.urls, &a.leader_url);
     for (name, key, spread) in [
@@ -30,6 +33,8 @@ pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
             urls.clone(),
             leader_url.clone(),
         );
+        let pids: Vec<u32> = (0..3).filter_map(|i| a.cluster.pid(i)).collect();
+        let perf = super::perf_record(key, &pids, p.dur);
         let s = drive(p.hb_loops, p.dur, move |_, n| {
             let (h, ag) = (h.clone(), ag.clone());
             let u = if spread {
@@ -40,6 +45,9 @@ pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
             async move { load::heartbeat(&h, &u, &ag[n % ag.len()]).await == Some(200) }
         })
         .await;
+        if let Some(mut perf) = perf {
+            let _ = perf.wait();
+        }
         r.row(
             name,
             format!(
@@ -53,8 +61,12 @@ pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
                 bare_s.rate(),
                 s.rate() / bare_s.rate()
             ),
-            ">= 0.5 of bare axum",
-            Some(s.rate() / bare_s.rate() >= 0.5),
+            if spread {
+                ">= 0.5 of bare axum"
+            } else {
+                ">= 0.7 of bare axum"
+            },
+            Some(s.rate() / bare_s.rate() >= if spread { 0.5 } else { 0.7 }),
         );
         r.put(key, s.json());
     }

@@ -44,3 +44,45 @@ pub fn cheap_hashing_flags() -> Vec<String> {
     .map(|s| s.to_string())
     .collect()
 }
+
+/// `perf record` of the members for `dur`, when `MF_BENCH_PERF` names a folder: the profile of
+/// one scenario's members (call graphs from DWARF), written as `<folder>/<name>.data`. Start it
+/// just before the load; the recording stops by itself. Needs `perf` and the right to trace
+/// the members (root, or `kernel.perf_event_paranoid` <= 1).
+pub fn perf_record(
+    name: &str,
+    pids: &[u32],
+    dur: std::time::Duration,
+) -> Option<std::process::Child> {
+    let dir = std::env::var_os("MF_BENCH_PERF")?;
+    std::fs::create_dir_all(&dir).ok()?;
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let out = std::path::Path::new(&dir).join(format!("{name}.data"));
+    let child = std::process::Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-F",
+            "400",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+        ])
+        .arg(pids.join(","))
+        .arg("-o")
+        .arg(&out)
+        .args(["--", "sleep"])
+        .arg(format!("{:.1}", dur.as_secs_f64()))
+        .stdout(std::process::Stdio::null())
+        .spawn();
+    match child {
+        Ok(c) => {
+            println!("perf: recording {name} into {}", out.display());
+            Some(c)
+        }
+        Err(e) => {
+            println!("perf: cannot record {name}: {e}");
+            None
+        }
+    }
+}

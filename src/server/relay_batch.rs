@@ -1,0 +1,381 @@
+//! Heartbeats relayed in batches: a follower sends the agents' heartbeats it holds to the
+//! leader in one signed peer call instead of one HTTP exchange each (ARCHITECTURE, "Heartbeats
+//! relay in batches"). The leader decides every item exactly as a heartbeat sent to it.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::HeaderValue;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use modelforge_proto::api::ErrorCode;
+use serde::Deserialize;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
+
+use modelforge_raft::codec;
+
+use super::Shared;
+use super::extract::ClientAddr;
+use super::forward::Relayed;
+use crate::error::ApiError;
+
+/// The peer route the leader answers batches on.
+pub const HEARTBEATS: &str = "/internal/v1/heartbeats";
+/// The most heartbeats in one batch.
+const MAX_BATCH: usize = 512;
+/// Batches in flight to the leader at once; heartbeats queue meanwhile and form the next ones.
+const IN_FLIGHT: usize = 4;
+/// Heartbeats waiting for a batch; beyond it a heartbeat is shed like one over capacity.
+const QUEUE: usize = 16_384;
+/// How long a batch may look for a leader (as a single relayed request does).
+const LEADER_WAIT: Duration = Duration::from_secs(3);
+
+/// One agent's heartbeat as the follower received it.
+#[derive(Serialize, Deserialize)]
+struct Item {
+    /// The node id of the path, unparsed (the leader checks it as it checks a path).
+    node_id: String,
+    /// The `Authorization` header's bytes, if any.
+    authorization: Option<Vec<u8>>,
+    /// The agent's address (trusted by the leader only from a member's certificate).
+    client: IpAddr,
+    /// The request body, as received (JSON is UTF-8; any other body is refused where it
+    /// arrives, as the leader would refuse it).
+    body: String,
+    /// The id the agent's request got on the member that received it.
+    request_id: Option<String>,
+}
+
+/// The leader's answer to one item.
+#[derive(Serialize, Deserialize)]
+struct Answer {
+    status: u16,
+    retry_after: Option<u64>,
+    body: Vec<u8>,
+}
+
+struct Waiting {
+    item: Item,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// The queue of heartbeats this member relays; drained by [`run`].
+pub struct HeartbeatRelay {
+    tx: mpsc::Sender<Waiting>,
+    rx: std::sync::Mutex<Option<mpsc::Receiver<Waiting>>>,
+}
+
+impl Default for HeartbeatRelay {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        HeartbeatRelay {
+            tx,
+            rx: std::sync::Mutex::new(Some(rx)),
+        }
+    }
+}
+
+/// Whether `req` is an agent's heartbeat (`POST /api/v1/agent/nodes/{id}/heartbeat`).
+pub fn is_heartbeat(req: &Request) -> bool {
+    req.method() == axum::http::Method::POST
+        && heartbeat_node(req.uri().path()).is_some()
+        && req.uri().query().is_none()
+}
+
+fn heartbeat_node(path: &str) -> Option<&str> {
+    let id = path
+        .strip_prefix("/api/v1/agent/nodes/")?
+        .strip_suffix("/heartbeat")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
+
+/// Queue an agent's heartbeat for the leader and answer what the leader answered.
+pub async fn relay(ctx: &Shared, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, ctx.cfg.max_body_bytes).await else {
+        return ApiError::too_large().into_response();
+    };
+    let Ok(body) = String::from_utf8(bytes.to_vec()) else {
+        return match super::extract::parse_json::<modelforge_proto::wire::Telemetry>(&bytes) {
+            Err(e) => e.into_response(),
+            Ok(_) => ApiError::new(ErrorCode::InvalidJson, "the request body is not valid JSON")
+                .into_response(),
+        };
+    };
+    let item = Item {
+        node_id: heartbeat_node(parts.uri.path())
+            .unwrap_or_default()
+            .to_string(),
+        authorization: parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes().to_vec()),
+        client: ClientAddr::of(&parts.extensions, &parts.headers).0,
+        body,
+        request_id: super::observe::current_request_id(),
+    };
+    let (reply, answer) = oneshot::channel();
+    if ctx.heartbeats.tx.try_send(Waiting { item, reply }).is_err() {
+        ctx.checks
+            .shed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return ApiError::over_capacity(ctx.shed_backoff.shed()).into_response();
+    }
+    match answer.await {
+        Ok(a) => into_response(a),
+        Err(_) => {
+            ApiError::new(ErrorCode::NoLeader, "the member is stopping; retry").into_response()
+        }
+    }
+}
+
+fn into_response(a: Answer) -> Response {
+    let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut resp = (status, a.body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(s) = a.retry_after {
+        h.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    resp
+}
+
+/// Drain the queue into batches, at most [`IN_FLIGHT`] at once.
+pub(super) async fn run(ctx: Shared) {
+    let Some(mut rx) = ctx.heartbeats.rx.lock().ok().and_then(|mut r| r.take()) else {
+        return;
+    };
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            send(&ctx, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Send one batch to the leader (or decide it here, if this member leads now) and hand each
+/// waiting heartbeat its answer.
+async fn send(ctx: &Shared, batch: Vec<Waiting>) {
+    let (items, replies): (Vec<Item>, Vec<_>) =
+        batch.into_iter().map(|w| (w.item, w.reply)).unzip();
+    let answers = match ctx.consensus.leader() {
+        Some((id, _)) if id == ctx.cfg.node_id && ctx.consensus.is_leader() => {
+            decide(ctx, items).await
+        }
+        _ => to_leader(ctx, &items).await,
+    };
+    match answers {
+        Ok(answers) if answers.len() == replies.len() => {
+            for (reply, a) in replies.into_iter().zip(answers) {
+                let _ = reply.send(a);
+            }
+        }
+        Ok(_) => {
+            let e = ApiError::new(
+                ErrorCode::NoLeader,
+                "the leader's answer did not match; retry",
+            );
+            answer_all(replies, e.into_response()).await;
+        }
+        Err(resp) => answer_all(replies, resp).await,
+    }
+}
+
+/// One answer for every item of a batch (the leader refused it whole, or could not be reached).
+async fn answer_all(replies: Vec<oneshot::Sender<Answer>>, resp: Response) {
+    let a = answer_of(resp).await;
+    for reply in replies {
+        let _ = reply.send(Answer {
+            status: a.status,
+            retry_after: a.retry_after,
+            body: a.body.clone(),
+        });
+    }
+}
+
+async fn to_leader(ctx: &Shared, items: &[Item]) -> Result<Vec<Answer>, Response> {
+    let body =
+        codec::encode(&items).map_err(|e| ApiError::internal(e.to_string()).into_response())?;
+    let leader = match forward_leader(ctx).await {
+        Some(l) => l,
+        None => {
+            return Err(ApiError::new(
+                ErrorCode::NoLeader,
+                "the cluster has no leader now; retry shortly",
+            )
+            .into_response());
+        }
+    };
+    let req = Relayed {
+        method: reqwest::Method::POST,
+        path: HEARTBEATS.to_string(),
+        headers: HeaderMap::new(),
+        body: body.into(),
+        hops: 1,
+        client: IpAddr::from([0, 0, 0, 0]),
+        resendable: true,
+        blocking: Duration::ZERO,
+    };
+    let resp =
+        super::forward::send_to_leader(&**ctx, &ctx.http, &ctx.signer, &req, leader, LEADER_WAIT)
+            .await
+            .map_err(IntoResponse::into_response)?;
+    if resp.status() != StatusCode::OK {
+        return Err(resp);
+    }
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .map_err(|_| {
+            ApiError::new(ErrorCode::NoLeader, "the leader's answer was cut; retry").into_response()
+        })?;
+    codec::decode(&bytes).map_err(|_| {
+        ApiError::new(
+            ErrorCode::NoLeader,
+            "the leader's answer could not be read; retry",
+        )
+        .into_response()
+    })
+}
+
+/// The leader this member relays to (another member), waiting for an election as a relayed
+/// request does.
+async fn forward_leader(ctx: &Shared) -> Option<(u64, String)> {
+    use super::forward::LeaderView;
+    let me = ctx.cfg.node_id;
+    if ctx.leader().is_none_or(|(id, _)| id == me) {
+        ctx.consensus
+            .wait_for(LEADER_WAIT, |s| {
+                s.leader_id.is_some() && (s.leader_id != Some(me) || s.state == "Leader")
+            })
+            .await;
+    }
+    ctx.leader()
+}
+
+/// `POST /internal/v1/heartbeats`: the leader decides a batch of relayed heartbeats.
+pub(super) async fn peer_heartbeats(
+    State(ctx): State<Shared>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    // The agents' addresses are trusted only from a member's certificate; without TLS the
+    // batch counts against the relaying member's address, as a relayed request does.
+    let trusted = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<crate::tls::ConnPeer>>()
+        .is_some_and(|c| c.0.member.is_some());
+    let relayer = ClientAddr::of(&parts.extensions, &HeaderMap::new()).0;
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::BadPeerBody, "the batch could not be read"))?;
+    let mut items: Vec<Item> =
+        codec::decode(&bytes).map_err(|e| ApiError::new(ErrorCode::BadPeerBody, e.to_string()))?;
+    if items.len() > MAX_BATCH {
+        return Err(ApiError::new(
+            ErrorCode::BadPeerBody,
+            "too many heartbeats in one batch",
+        ));
+    }
+    if !trusted {
+        for item in &mut items {
+            item.client = relayer;
+        }
+    }
+    if !ctx.consensus.is_leader() {
+        return Err(ApiError::new(
+            ErrorCode::NotLeader,
+            "this member no longer leads; retry",
+        ));
+    }
+    let answers = match decide(&ctx, items).await {
+        Ok(a) => a,
+        Err(refused) => return Ok(refused),
+    };
+    let out = codec::encode(&answers).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(([("content-type", "application/octet-stream")], out).into_response())
+}
+
+/// Every item decided as a heartbeat sent to this member, concurrently, answers in order; or
+/// the whole batch shed, as a direct heartbeat would be, while this member's run queue is over
+/// `--shed-queue-delay` (the relaying member does not admit what it relays).
+async fn decide(ctx: &Shared, items: Vec<Item>) -> Result<Vec<Answer>, Response> {
+    if ctx.queue_delay.over_target() {
+        ctx.checks
+            .shed
+            .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        return Err(ApiError::over_capacity(ctx.shed_backoff.shed()).into_response());
+    }
+    ctx.shed_backoff.admitted();
+    // One task for the batch (its items interleave on it): spawning a task an item would put
+    // hundreds of tasks in the runtime's queue at once, which `--shed-queue-delay` reads as
+    // overload.
+    let each = items.into_iter().map(|item| {
+        let id = item.request_id.clone();
+        super::observe::with_request_id(id, async move {
+            let mut headers = HeaderMap::new();
+            if let Some(v) = item
+                .authorization
+                .and_then(|a| HeaderValue::from_bytes(&a).ok())
+            {
+                headers.insert(axum::http::header::AUTHORIZATION, v);
+            }
+            let resp = match super::extract::parse_json(item.body.as_bytes()) {
+                Ok(telemetry) => super::agent::heartbeat_core(
+                    ctx,
+                    &item.node_id,
+                    &headers,
+                    ClientAddr(item.client),
+                    telemetry,
+                )
+                .await
+                .unwrap_or_else(IntoResponse::into_response),
+                Err(e) => e.into_response(),
+            };
+            answer_of(resp).await
+        })
+    });
+    let answers = futures_util::future::join_all(each).await;
+    Ok(answers)
+}
+
+async fn answer_of(resp: Response) -> Answer {
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get(axum::http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .map(|b| b.to_vec())
+        .unwrap_or_default();
+    Answer {
+        status,
+        retry_after,
+        body,
+    }
+}

@@ -10,14 +10,15 @@ use super::Bench;
 use super::enrolment::ClusterA;
 use crate::cluster::ADMIN;
 use crate::cluster::Etcd;
-use crate::load;
 use crate::load::SimAgent;
 use crate::load::Stats;
 use crate::load::drive;
 
 /// `clients` closed loops of replicated writes that hash no secret, through the leader at
-/// `leader_url` for `dur`: revocations of the first half of `agents`' credentials and inventory
-/// changes of the second half, alternating.
+/// `leader_url` for `dur`: revocations of the first half of `agents`' credentials, and cordons
+/// and uncordons of the second half's nodes, alternating (admin writes, each audited). Agent
+/// inventory reports are not used: a node may cause only so many replicated writes a minute
+/// (429 `too_many_writes`), and agent requests are shed under load, so most would be refused.
 pub async fn measure(
     http: &reqwest::Client,
     agents: &Arc<Vec<SimAgent>>,
@@ -30,28 +31,30 @@ pub async fn measure(
     drive(clients, dur, move |_, n| {
         let (h, ag, lu) = (h.clone(), ag.clone(), lu.clone());
         async move {
-            if n % 2 == 0 {
+            let req = if n % 2 == 0 {
                 let a = &ag[(n / 2) % half];
                 h.delete(format!(
                     "{lu}/api/v1/admin/hardware/nodes/{}/credential",
                     a.node_id
                 ))
-                .bearer_auth(ADMIN)
+            } else {
+                let k = n / 2;
+                let a = &ag[half + k % (ag.len() - half)];
+                let op = if (k / (ag.len() - half)) % 2 == 0 {
+                    "cordon"
+                } else {
+                    "uncordon"
+                };
+                h.post(format!(
+                    "{lu}/api/v1/admin/hardware/nodes/{}/{op}",
+                    a.node_id
+                ))
+                .json(&json!({"reason": "benchmark"}))
+            };
+            req.bearer_auth(ADMIN)
                 .send()
                 .await
                 .is_ok_and(|r| r.status() == 200)
-            } else {
-                let a = &ag[half + (n / 2) % (ag.len() - half)];
-                // A request body (the fixture inventory), edited in place: no answer is read.
-                let mut inv = load::inventory(a.index);
-                inv["storage_roots"][1]["free_bytes"] = json!(n as u64 * 4096);
-                h.put(format!("{lu}/api/v1/agent/nodes/{}/inventory", a.node_id))
-                    .bearer_auth(&a.credential)
-                    .json(&inv)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status() == 200)
-            }
         }
     })
     .await
@@ -63,7 +66,12 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
     let (agents_a, leader_url) = (&a.agents, &a.leader_url);
     let mut ours = vec![];
     for c in p.write_clients {
+        let pids: Vec<u32> = (0..3).filter_map(|i| a.cluster.pid(i)).collect();
+        let perf = super::perf_record(&format!("writes_{c}_clients"), &pids, p.dur);
         let s = measure(&http, agents_a, leader_url, c, p.dur).await;
+        if let Some(mut perf) = perf {
+            let _ = perf.wait();
+        }
         println!(
             "  writes, {c} clients: {:.0}/s p99 {:.2} ms ({} failed)",
             s.rate(),

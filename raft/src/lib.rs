@@ -189,23 +189,6 @@ pub struct Consensus<A: Application> {
     /// Closed on shutdown, so that the data dir can be opened again in the same process.
     log: LogStore,
     pacing: Arc<state_machine::SnapshotPacing>,
-    /// Concurrent lease reads share one confirmation (see [`Self::lease_read`]).
-    reads: Arc<LeaseReads>,
-}
-
-/// Lease reads in flight share one: a caller is served by any confirmation that *started*
-/// after it arrived (that confirmation saw the lease held and waited for everything committed
-/// by then to be applied, which is all a read that arrived earlier needs). One runs at a time;
-/// callers that arrive meanwhile wait for the next one, so a burst costs two confirmations
-/// through Raft's core instead of one a request.
-#[derive(Default)]
-struct LeaseReads {
-    /// Held while a confirmation runs.
-    one: tokio::sync::Mutex<()>,
-    /// Confirmations started so far (each one's number is this after it started).
-    started: std::sync::atomic::AtomicU64,
-    /// The number of the latest confirmation that succeeded.
-    succeeded: std::sync::atomic::AtomicU64,
 }
 
 impl<A: Application> Clone for Consensus<A> {
@@ -216,7 +199,6 @@ impl<A: Application> Clone for Consensus<A> {
             dir: self.dir.clone(),
             log: self.log.clone(),
             pacing: self.pacing.clone(),
-            reads: self.reads.clone(),
         }
     }
 }
@@ -278,7 +260,6 @@ impl<A: Application> Consensus<A> {
             dir: dir.to_path_buf(),
             log,
             pacing,
-            reads: Default::default(),
         })
     }
 
@@ -342,21 +323,8 @@ impl<A: Application> Consensus<A> {
 
     /// Confirm by leader lease that this member leads and has applied everything committed
     /// before the call: a read of the local state after this is linearizable.
-    /// Concurrent callers share a confirmation that started after they arrived.
     pub async fn lease_read(&self) -> Result<(), ReadError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let r = &self.reads;
-        let arrived = r.started.load(SeqCst);
-        let _one = r.one.lock().await;
-        if r.succeeded.load(SeqCst) > arrived {
-            return Ok(());
-        }
-        let number = r.started.fetch_add(1, SeqCst) + 1;
-        let result = self.linearize(ReadPolicy::LeaseRead).await;
-        if result.is_ok() {
-            r.succeeded.fetch_max(number, SeqCst);
-        }
-        result
+        self.linearize(ReadPolicy::LeaseRead).await
     }
 
     /// Like [`Self::lease_read`] but confirmed by a round trip to a quorum.

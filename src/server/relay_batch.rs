@@ -31,6 +31,8 @@ pub const HEARTBEATS: &str = "/internal/v1/heartbeats";
 const MAX_BATCH: usize = 512;
 /// Batches in flight to the leader at once; heartbeats queue meanwhile and form the next ones.
 const IN_FLIGHT: usize = 4;
+/// Heartbeats of a batch decided in one task.
+const CHUNK: usize = 16;
 /// Heartbeats waiting for a batch; beyond it a heartbeat is shed like one over capacity.
 const QUEUE: usize = 16_384;
 /// How long a batch may look for a leader (as a single relayed request does).
@@ -330,36 +332,60 @@ async fn decide(ctx: &Shared, items: Vec<Item>) -> Result<Vec<Answer>, Response>
         return Err(ApiError::over_capacity(ctx.shed_backoff.shed()).into_response());
     }
     ctx.shed_backoff.admitted();
-    // One task for the batch (its items interleave on it): spawning a task an item would put
+    // Items run in tasks of `CHUNK` (interleaved within each): a task an item would put
     // hundreds of tasks in the runtime's queue at once, which `--shed-queue-delay` reads as
-    // overload.
-    let each = items.into_iter().map(|item| {
-        let id = item.request_id.clone();
-        super::observe::with_request_id(id, async move {
-            let mut headers = HeaderMap::new();
-            if let Some(v) = item
-                .authorization
-                .and_then(|a| HeaderValue::from_bytes(&a).ok())
-            {
-                headers.insert(axum::http::header::AUTHORIZATION, v);
+    // overload, and one task for the whole batch would hold a worker for its whole length.
+    let mut items = items.into_iter();
+    let mut chunks = vec![];
+    loop {
+        let chunk: Vec<Item> = items.by_ref().take(CHUNK).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        let ctx = ctx.clone();
+        chunks.push(tokio::spawn(async move {
+            let each = chunk.into_iter().map(|item| decide_one(&ctx, item));
+            futures_util::future::join_all(each).await
+        }));
+    }
+    let mut answers = Vec::new();
+    for chunk in chunks {
+        match chunk.await {
+            Ok(a) => answers.extend(a),
+            Err(_) => {
+                return Err(ApiError::internal("a batch could not be decided").into_response());
             }
-            let resp = match super::extract::parse_json(item.body.as_bytes()) {
-                Ok(telemetry) => super::agent::heartbeat_core(
-                    ctx,
-                    &item.node_id,
-                    &headers,
-                    ClientAddr(item.client),
-                    telemetry,
-                )
-                .await
-                .unwrap_or_else(IntoResponse::into_response),
-                Err(e) => e.into_response(),
-            };
-            answer_of(resp).await
-        })
-    });
-    let answers = futures_util::future::join_all(each).await;
+        }
+    }
     Ok(answers)
+}
+
+/// One relayed heartbeat, decided as if sent to this member, under the id its member gave it.
+async fn decide_one(ctx: &Shared, item: Item) -> Answer {
+    let id = item.request_id.clone();
+    super::observe::with_request_id(id, async move {
+        let mut headers = HeaderMap::new();
+        if let Some(v) = item
+            .authorization
+            .and_then(|a| HeaderValue::from_bytes(&a).ok())
+        {
+            headers.insert(axum::http::header::AUTHORIZATION, v);
+        }
+        let resp = match super::extract::parse_json(item.body.as_bytes()) {
+            Ok(telemetry) => super::agent::heartbeat_core(
+                ctx,
+                &item.node_id,
+                &headers,
+                ClientAddr(item.client),
+                telemetry,
+            )
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+            Err(e) => e.into_response(),
+        };
+        answer_of(resp).await
+    })
+    .await
 }
 
 async fn answer_of(resp: Response) -> Answer {

@@ -40,7 +40,7 @@ pub async fn measure(
             } else {
                 let k = n / 2;
                 let a = &ag[half + k % (ag.len() - half)];
-                let op = if (k / (ag.len() - half)) % 2 == 0 {
+                let op = if (k / (ag.len() - half)).is_multiple_of(2) {
                     "cordon"
                 } else {
                     "uncordon"

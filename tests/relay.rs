@@ -131,3 +131,49 @@ async fn heartbeats_to_followers_are_decided_one_by_one_in_batches() {
         assert_eq!(status, 200, "member {id}: {body}");
     }
 }
+
+/// A batch refused whole (its leader died: the follower cannot reach it) still answers each
+/// heartbeat under the request id its member gave it, so that an operator finds each one in
+/// the logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_whole_answers_each_heartbeat_under_its_own_request_id() {
+    let mut c = Cluster::start(3).await;
+    let (mut agents, nodes) = c.enrol_agents("w", 2).await;
+    for a in &mut agents {
+        a.stop();
+    }
+    let leader = c.wait_leader().await;
+    let follower = c.ids.iter().copied().find(|i| *i != leader).unwrap();
+    let f = c.url(follower);
+    let good = serde_json::to_vec(&json!({"accelerators": []})).unwrap();
+    let (n0, c0) = nodes[0].clone();
+    let (s, body, _) = beat(&f, &n0, &c0, good.clone()).await;
+    assert_eq!(s, 200, "{body}");
+    // No quorum is left, and the follower still takes the dead leader for its leader.
+    for id in c.ids.clone() {
+        if id != follower {
+            c.kill9(id);
+        }
+    }
+    let mut calls = vec![];
+    for (k, (node, cred)) in nodes.iter().cycle().take(12).enumerate() {
+        let (f, node, cred, body) = (f.clone(), node.clone(), cred.clone(), good.clone());
+        calls.push(tokio::spawn(async move {
+            (beat(&f, &node, &cred, body).await, k)
+        }));
+    }
+    let mut ids = std::collections::HashSet::new();
+    for call in calls {
+        let ((status, body, id), k) = call.await.unwrap();
+        assert_eq!(status, 503, "heartbeat {k}: {body}");
+        assert!(is_error_shape(&body), "heartbeat {k}: {body}");
+        assert!(!id.is_empty(), "heartbeat {k} has no request id");
+        assert_eq!(
+            body["error"]["request_id"],
+            id.as_str(),
+            "heartbeat {k}: {body}"
+        );
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 12, "request ids are per request");
+}

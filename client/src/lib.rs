@@ -1,6 +1,7 @@
 //! The one failover client: the agent and the admin CLI talk to "the cluster" through any of
 //! its members' URLs. A request goes to the current member; when that member does not answer,
-//! or answers that it cannot decide now (429, 502, 503, 504), the next member is tried, each at
+//! or answers that it cannot decide now (429, 502, 503, 504, or 401 `peer_unauthenticated`:
+//! its peers refuse it), the next member is tried, each at
 //! most once a pass. Any other answer is final: 2xx is the result, anything else a refusal with
 //! the contract's error code. A write that may be sent twice must carry an `Idempotency-Key`
 //! (the caller's choice: the CLI sends one per invocation; the agent's writes are idempotent or
@@ -43,7 +44,9 @@ pub fn classify(status: u16, body: Value, url: &str) -> Answer {
         Ok(e) => (e.error.code, e.error.message),
         Err(_) => ("unknown".to_string(), format!("HTTP {status}")),
     };
-    if matches!(status, 429 | 502 | 503 | 504) {
+    // A member's own refusal by its peers (`peer_unauthenticated`: removed, or not added yet)
+    // says nothing of the client's credential: another member may take the request.
+    if matches!(status, 429 | 502 | 503 | 504) || code == "peer_unauthenticated" {
         Answer::Unavailable(format!("{url}: {status} {code}: {message}"))
     } else {
         Answer::Refused(status, code, message)
@@ -294,6 +297,8 @@ mod tests {
             nobody().await,
             member(503, "no_leader").await,
             member(429, "overloaded").await,
+            // A member its peers refuse (removed, not told yet): not the client's credential.
+            member(401, "peer_unauthenticated").await,
             member(404, "node_not_found").await,
             member(200, "unused").await,
         ];
@@ -303,7 +308,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // The member that answered is asked first next time.
-        assert_eq!(c.current(), c.urls()[3]);
+        assert_eq!(c.current(), c.urls()[4]);
+        // A client's own 401 is final.
+        let mut c = client(vec![member(401, "unauthorized").await]).unwrap();
+        assert!(matches!(c.send(&get("/x")).await, Answer::Refused(401, ..)));
     }
 
     #[tokio::test]

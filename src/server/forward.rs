@@ -27,7 +27,7 @@ use modelforge_raft::peer_auth::Signed;
 use super::peer_auth::HOPS_HEADER;
 const MAX_HOPS: u32 = 2;
 /// How long a member waits for an election to finish before answering 503.
-const LEADER_WAIT: Duration = Duration::from_secs(3);
+pub(super) const LEADER_WAIT: Duration = Duration::from_secs(3);
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 const FORWARDED_HEADERS: [&str; 5] = [
     "authorization",
@@ -60,22 +60,7 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         return ApiError::new(ErrorCode::NoLeader, "leadership is moving; retry shortly")
             .into_response();
     }
-    let leader = if ctx
-        .consensus
-        .leader()
-        .is_some_and(|(id, _)| id != ctx.cfg.node_id)
-    {
-        ctx.consensus.leader()
-    } else {
-        let me = ctx.cfg.node_id;
-        ctx.consensus
-            .wait_for(LEADER_WAIT, |s| {
-                s.leader_id.is_some() && (s.leader_id != Some(me) || s.state == "Leader")
-            })
-            .await;
-        ctx.consensus.leader()
-    };
-    let Some((leader_id, url)) = leader else {
+    let Some((leader_id, url)) = current_leader(&ctx).await else {
         return ApiError::new(
             ErrorCode::NoLeader,
             "the cluster has no leader now; retry shortly",
@@ -85,7 +70,6 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
     if leader_id == ctx.cfg.node_id {
         return next.run(req).await;
     }
-    let url = ctx.peer_url(leader_id, &url);
     // Heartbeats from agents travel to the leader in batches (`relay_batch`).
     if signed.is_none() && super::relay_batch::is_heartbeat(&req) {
         return super::relay_batch::relay(&ctx, req).await;
@@ -94,6 +78,20 @@ pub async fn leader_gate(State(ctx): State<Shared>, req: Request, next: Next) ->
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
+}
+
+/// The leader, with the URL this member reaches it by; when this member knows none (or only
+/// itself, not leading yet), it waits up to [`LEADER_WAIT`] for an election to end.
+pub(super) async fn current_leader(ctx: &super::Ctx) -> Option<(u64, String)> {
+    let me = ctx.cfg.node_id;
+    if ctx.consensus.leader().is_none_or(|(id, _)| id == me) {
+        ctx.consensus
+            .wait_for(LEADER_WAIT, |s| {
+                s.leader_id.is_some() && (s.leader_id != Some(me) || s.state == "Leader")
+            })
+            .await;
+    }
+    LeaderView::leader(ctx)
 }
 
 /// Whether resending the request after a cut connection cannot apply it twice: reads,
@@ -267,6 +265,34 @@ pub(super) async fn send_to_leader(
                     ApiError::new(ErrorCode::NoLeader, "the leader could not decide; retry"),
                 ));
             }
+            Ok(resp) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                // The client's own credential is never checked with the peer header, so a
+                // peer refusal is of this member: removed from the configuration (it may never
+                // hear of its removal), or not added yet. The client is told to go elsewhere,
+                // never that its credential failed (chaos seed 1592590340: agents of a member
+                // being replaced were answered 401 and counted their credentials dead).
+                let (parts, body) = relay_answer(resp).await?.into_parts();
+                let bytes = axum::body::to_bytes(body, usize::MAX)
+                    .await
+                    .unwrap_or_default();
+                let Some(why) = peer_refusal(&bytes) else {
+                    // The leader's own 401, for the client's request.
+                    return Ok(Response::from_parts(parts, Body::from(bytes)));
+                };
+                tracing::warn!(
+                    leader = target_id,
+                    "the leader refused this member's relay: {why}"
+                );
+                return Err(unknown_or(
+                    maybe_sent,
+                    ApiError::new(
+                        ErrorCode::NotAMember,
+                        format!(
+                            "the leader refused this member ({why}); send the request to another member"
+                        ),
+                    ),
+                ));
+            }
             Ok(resp) => return relay_answer(resp).await,
             Err(e) => e,
         };
@@ -298,6 +324,12 @@ pub(super) async fn send_to_leader(
             ),
         ));
     }
+}
+
+/// The leader's message when its answer refuses the relaying member (`peer_unauthenticated`).
+fn peer_refusal(body: &[u8]) -> Option<String> {
+    let e: modelforge_proto::wire::ErrorBody = serde_json::from_slice(body).ok()?;
+    (e.error.code == ErrorCode::PeerUnauthenticated.as_str()).then_some(e.error.message)
 }
 
 async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
@@ -578,6 +610,67 @@ mod tests {
         assert_eq!(relay_with(&url, &req, true).await, (503, "outcome_unknown"));
         let url = nobody().await;
         assert_eq!(relay_with(&url, &req, true).await, (503, "leader_changed"));
+    }
+
+    /// A leader that answers every request `status` with `body` (JSON).
+    async fn answering_leader(status: &'static str, body: &'static str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Some(mut sock) = accept_tls(&listener).await {
+                read_request(&mut sock).await;
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+            }
+        });
+        url
+    }
+
+    /// Chaos seed 1592590340: a member removed from the configuration (and not told) relayed
+    /// heartbeats, the leader refused the member, and its 401 `peer_unauthenticated` reached
+    /// the agents as if their credentials had failed. A refusal of the member sends the client
+    /// to another member; the leader's 401 for the client's own credential still passes.
+    #[tokio::test]
+    async fn the_leader_refusing_this_member_is_not_a_member_never_the_clients_401() {
+        let url = answering_leader(
+            "401 Unauthorized",
+            r#"{"error":{"code":"peer_unauthenticated","message":"member 3 was removed from the cluster"}}"#,
+        )
+        .await;
+        let beat = request("POST", "/api/v1/agent/nodes/n1/heartbeat", None, "{}");
+        assert_eq!(relay_to(&url, &beat).await, (503, "not_a_member"));
+        let write = request("POST", "/api/v1/allocations", Some("k-6"), ALLOCATE);
+        assert_eq!(relay_to(&url, &write).await, (503, "not_a_member"));
+
+        let url = answering_leader(
+            "401 Unauthorized",
+            r#"{"error":{"code":"unauthorized","message":"the credential was revoked"}}"#,
+        )
+        .await;
+        let view = Steady {
+            leader: (2, url.clone()),
+            moved: tokio::sync::Notify::new(),
+            leads_now: false,
+        };
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
+            .build()
+            .unwrap();
+        let signer = PeerSigner::new(b"peer", 1);
+        let leader = view.leader.clone();
+        let answer = send_to_leader(&view, &http, &signer, &beat, leader, Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|e| panic!("the client's own 401 became {}", e.code.as_str()));
+        assert_eq!(answer.status(), 401);
+        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("\"unauthorized\""));
     }
 
     /// The control: a write that never reached a leader certainly failed.

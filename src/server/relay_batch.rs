@@ -35,8 +35,6 @@ const IN_FLIGHT: usize = 4;
 const CHUNK: usize = 16;
 /// Heartbeats waiting for a batch; beyond it a heartbeat is shed like one over capacity.
 const QUEUE: usize = 16_384;
-/// How long a batch may look for a leader (as a single relayed request does).
-const LEADER_WAIT: Duration = Duration::from_secs(3);
 
 /// One agent's heartbeat as the follower received it.
 #[derive(Serialize, Deserialize)]
@@ -182,8 +180,13 @@ pub(super) async fn run(ctx: Shared) {
 /// Send one batch to the leader (or decide it here, if this member leads now) and hand each
 /// waiting heartbeat its answer.
 async fn send(ctx: &Shared, batch: Vec<Waiting>) {
-    let (items, replies): (Vec<Item>, Vec<_>) =
-        batch.into_iter().map(|w| (w.item, w.reply)).unzip();
+    let (items, replies): (Vec<Item>, Vec<_>) = batch
+        .into_iter()
+        .map(|w| {
+            let id = w.item.request_id.clone();
+            (w.item, (w.reply, id))
+        })
+        .unzip();
     let answers = match ctx.consensus.leader() {
         Some((id, _)) if id == ctx.cfg.node_id && ctx.consensus.is_leader() => {
             decide(ctx, items).await
@@ -192,7 +195,7 @@ async fn send(ctx: &Shared, batch: Vec<Waiting>) {
     };
     match answers {
         Ok(answers) if answers.len() == replies.len() => {
-            for (reply, a) in replies.into_iter().zip(answers) {
+            for ((reply, _), a) in replies.into_iter().zip(answers) {
                 let _ = reply.send(a);
             }
         }
@@ -207,14 +210,24 @@ async fn send(ctx: &Shared, batch: Vec<Waiting>) {
     }
 }
 
-/// One answer for every item of a batch (the leader refused it whole, or could not be reached).
-async fn answer_all(replies: Vec<oneshot::Sender<Answer>>, resp: Response) {
+/// One answer for every item of a batch (the leader refused it whole, or could not be
+/// reached), each error body under its own request's id.
+async fn answer_all(replies: Vec<(oneshot::Sender<Answer>, Option<String>)>, resp: Response) {
     let a = answer_of(resp).await;
-    for reply in replies {
+    let error: Option<modelforge_proto::wire::ErrorBody> = serde_json::from_slice(&a.body).ok();
+    for (reply, id) in replies {
+        let body = match &error {
+            Some(e) => {
+                let mut e = e.clone();
+                e.error.request_id = id;
+                serde_json::to_vec(&e).unwrap_or_else(|_| a.body.clone())
+            }
+            None => a.body.clone(),
+        };
         let _ = reply.send(Answer {
             status: a.status,
             retry_after: a.retry_after,
-            body: a.body.clone(),
+            body,
         });
     }
 }
@@ -222,7 +235,10 @@ async fn answer_all(replies: Vec<oneshot::Sender<Answer>>, resp: Response) {
 async fn to_leader(ctx: &Shared, items: &[Item]) -> Result<Vec<Answer>, Response> {
     let body =
         codec::encode(&items).map_err(|e| ApiError::internal(e.to_string()).into_response())?;
-    let leader = match forward_leader(ctx).await {
+    let leader = match super::forward::current_leader(ctx)
+        .await
+        .filter(|(id, _)| *id != ctx.cfg.node_id)
+    {
         Some(l) => l,
         None => {
             return Err(ApiError::new(
@@ -242,10 +258,16 @@ async fn to_leader(ctx: &Shared, items: &[Item]) -> Result<Vec<Answer>, Response
         resendable: true,
         blocking: Duration::ZERO,
     };
-    let resp =
-        super::forward::send_to_leader(&**ctx, &ctx.http, &ctx.signer, &req, leader, LEADER_WAIT)
-            .await
-            .map_err(IntoResponse::into_response)?;
+    let resp = super::forward::send_to_leader(
+        &**ctx,
+        &ctx.http,
+        &ctx.signer,
+        &req,
+        leader,
+        super::forward::LEADER_WAIT,
+    )
+    .await
+    .map_err(IntoResponse::into_response)?;
     if resp.status() != StatusCode::OK {
         return Err(resp);
     }
@@ -261,21 +283,6 @@ async fn to_leader(ctx: &Shared, items: &[Item]) -> Result<Vec<Answer>, Response
         )
         .into_response()
     })
-}
-
-/// The leader this member relays to (another member), waiting for an election as a relayed
-/// request does.
-async fn forward_leader(ctx: &Shared) -> Option<(u64, String)> {
-    use super::forward::LeaderView;
-    let me = ctx.cfg.node_id;
-    if ctx.leader().is_none_or(|(id, _)| id == me) {
-        ctx.consensus
-            .wait_for(LEADER_WAIT, |s| {
-                s.leader_id.is_some() && (s.leader_id != Some(me) || s.state == "Leader")
-            })
-            .await;
-    }
-    ctx.leader()
 }
 
 /// `POST /internal/v1/heartbeats`: the leader decides a batch of relayed heartbeats.

@@ -68,10 +68,19 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
     let mut outage = vec![];
     let mut never = 0;
     let mut refused_after = 0;
+    // What the heartbeats after the kill that did not get 200 got instead, and the slowest
+    // agent's heartbeats from the kill on (ms after the kill: scheduled, answered, status).
+    let mut refusals = std::collections::BTreeMap::<String, usize>::new();
+    let mut slowest: (Duration, Vec<(f64, f64, Option<u16>)>) = (Duration::ZERO, vec![]);
     for trace in &traces {
         // A heartbeat in flight at the kill counts: it is the one that may have been lost.
         let after: Vec<_> = trace.iter().filter(|(_, d, _)| *d >= killed_at).collect();
-        refused_after += after.iter().filter(|(_, _, st)| *st != Some(200)).count();
+        for (_, _, st) in after.iter().filter(|(_, _, st)| *st != Some(200)) {
+            refused_after += 1;
+            *refusals
+                .entry(st.map_or("no answer".into(), |s| s.to_string()))
+                .or_default() += 1;
+        }
         match after.iter().find(|(_, _, st)| *st == Some(200)) {
             Some((_, done, _)) => {
                 back.push(*done - killed_at);
@@ -79,6 +88,16 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
                     .first()
                     .map_or(killed_at, |(s, _, _)| *s.max(&killed_at));
                 outage.push(*done - first_due);
+                if *done - first_due > slowest.0 {
+                    let at = |t: &Instant| {
+                        t.checked_duration_since(killed_at)
+                            .map_or_else(|| -ms(killed_at - *t), ms)
+                    };
+                    slowest = (
+                        *done - first_due,
+                        after.iter().map(|(s, d, st)| (at(s), at(d), *st)).collect(),
+                    );
+                }
             }
             None => never += 1,
         }
@@ -114,6 +133,7 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
         json!({"write_ms": write_ms, "agents": n_fo, "interval_ms": ms(iv), "all_back_ms": ms(all_back), "worst_outage_ms": ms(worst_outage),
                "p50_back_ms": ms(back.get(back.len() / 2).copied().unwrap_or_default()),
                "never_back": never, "unanswered_or_refused": refused_after,
+               "refused_by_status": refusals, "slowest_agent_after_kill": slowest.1,
                "argon2_verifies_on_survivors": new_verifies}),
     );
     old

@@ -304,14 +304,55 @@ pub async fn enrol(
 
 /// One heartbeat of `a` to `url`; the HTTP status, or None when nothing answered.
 pub async fn heartbeat(http: &reqwest::Client, url: &str, a: &SimAgent) -> Option<u16> {
-    http.post(format!("{url}/api/v1/agent/nodes/{}/heartbeat", a.node_id))
+    let resp = http
+        .post(format!("{url}/api/v1/agent/nodes/{}/heartbeat", a.node_id))
         .bearer_auth(&a.credential)
         .header("content-type", "application/json")
         .body(a.telemetry.clone())
         .send()
-        .await
-        .ok()
-        .map(|r| r.status().as_u16())
+        .await;
+    let counting = COUNTING.load(std::sync::atomic::Ordering::Relaxed);
+    let Ok(resp) = resp else {
+        if counting {
+            count_refusal("no answer".into());
+        }
+        return None;
+    };
+    let status = resp.status().as_u16();
+    if status != 200 && counting {
+        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        let code = body["error"]["code"].as_str().unwrap_or("no error body");
+        count_refusal(format!("{status} {code}"));
+    }
+    Some(status)
+}
+
+/// Whether [`heartbeat`] counts its refusals (reading their bodies): only while a scenario
+/// asks, so that the open-loop steps' load generator does no more than it did.
+static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Start or stop counting refusals (see [`take_refusals`]).
+pub fn count_refusals(on: bool) {
+    COUNTING.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What heartbeat attempts other than 200 got (status and error code, or "no answer"), while
+/// counting and since the last [`take_refusals`]: each attempt of [`agent_heartbeat`]'s pass
+/// counts.
+static REFUSALS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn count_refusal(what: String) {
+    *REFUSALS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(what)
+        .or_default() += 1;
+}
+
+/// The refusals counted since the last call (see [`REFUSALS`]).
+pub fn take_refusals() -> std::collections::BTreeMap<String, u64> {
+    std::mem::take(&mut *REFUSALS.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// One heartbeat as the real agent sends it: to its current member, and on no answer or a 5xx

@@ -265,16 +265,27 @@ pub(super) async fn send_to_leader(
                     ApiError::new(ErrorCode::NoLeader, "the leader could not decide; retry"),
                 ));
             }
+            Ok(resp)
+                if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE && req.resendable =>
+            {
+                let (parts, bytes) = answer_bytes(resp).await?;
+                if !leadership_moving(&bytes) || tokio::time::Instant::now() >= deadline {
+                    return Ok(Response::from_parts(parts, Body::from(bytes)));
+                }
+                // The member taken for the leader cannot decide now (it lost leadership, or
+                // its new term cannot serve yet): a request safe to resend waits for
+                // leadership to settle and goes again, as after a cut connection. (Seen in
+                // the failover benchmark: hundreds of agents' heartbeats answered `not_leader`
+                // in the moments after an election, each costing its agent an interval.)
+                None
+            }
             Ok(resp) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
                 // The client's own credential is never checked with the peer header, so a
                 // peer refusal is of this member: removed from the configuration (it may never
                 // hear of its removal), or not added yet. The client is told to go elsewhere,
                 // never that its credential failed (chaos seed 1592590340: agents of a member
                 // being replaced were answered 401 and counted their credentials dead).
-                let (parts, body) = relay_answer(resp).await?.into_parts();
-                let bytes = axum::body::to_bytes(body, usize::MAX)
-                    .await
-                    .unwrap_or_default();
+                let (parts, bytes) = answer_bytes(resp).await?;
                 let Some(why) = peer_refusal(&bytes) else {
                     // The leader's own 401, for the client's request.
                     return Ok(Response::from_parts(parts, Body::from(bytes)));
@@ -294,12 +305,13 @@ pub(super) async fn send_to_leader(
                 ));
             }
             Ok(resp) => return relay_answer(resp).await,
-            Err(e) => e,
+            Err(e) => Some(e),
         };
-        maybe_sent |= !err.is_connect();
+        let connect_failed = err.as_ref().is_some_and(|e| e.is_connect());
+        maybe_sent |= err.as_ref().is_some_and(|e| !e.is_connect());
         // The request certainly did not arrive (connect failed), or may be resent safely:
         // wait for leadership to move (or the leader to come back) and try again.
-        if (err.is_connect() || req.resendable) && tokio::time::Instant::now() < deadline {
+        if (connect_failed || req.resendable) && tokio::time::Instant::now() < deadline {
             let me = view.me();
             view.wait_moved(target_id, Duration::from_millis(200)).await;
             if view.is_leader() && me != target_id {
@@ -324,6 +336,32 @@ pub(super) async fn send_to_leader(
             ),
         ));
     }
+}
+
+/// A relayed answer's head and body, read whole.
+async fn answer_bytes(
+    resp: reqwest::Response,
+) -> Result<(axum::http::response::Parts, axum::body::Bytes), ApiError> {
+    let (parts, body) = relay_answer(resp).await?.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    Ok((parts, bytes))
+}
+
+/// Whether a 503 says leadership is moving (`not_leader`, `no_leader`, `leader_changed`): the
+/// request was not decided, and the leader after the move may decide it. (Not a shed request,
+/// which is to come back later, nor an `outcome_unknown`.)
+pub(super) fn leadership_moving(body: &[u8]) -> bool {
+    serde_json::from_slice::<modelforge_proto::wire::ErrorBody>(body).is_ok_and(|e| {
+        [
+            ErrorCode::NotLeader,
+            ErrorCode::NoLeader,
+            ErrorCode::LeaderChanged,
+        ]
+        .iter()
+        .any(|c| c.as_str() == e.error.code)
+    })
 }
 
 /// The leader's message when its answer refuses the relaying member (`peer_unauthenticated`).
@@ -671,6 +709,93 @@ mod tests {
             .await
             .unwrap();
         assert!(String::from_utf8_lossy(&body).contains("\"unauthorized\""));
+    }
+
+    /// A leader that answers its first request 503 `not_leader` (its new term not ready) and
+    /// every later one 200.
+    async fn not_ready_then_ok() -> (String, Arc<Mutex<usize>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(0));
+        let count = seen.clone();
+        tokio::spawn(async move {
+            while let Some(mut sock) = accept_tls(&listener).await {
+                read_request(&mut sock).await;
+                let n = {
+                    let mut c = count.lock().unwrap();
+                    *c += 1;
+                    *c
+                };
+                let (status, body) = if n == 1 {
+                    (
+                        "503 Service Unavailable",
+                        r#"{"error":{"code":"not_leader","message":"x"}}"#,
+                    )
+                } else {
+                    ("200 OK", r#"{"status":"ok"}"#)
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+            }
+        });
+        (url, seen)
+    }
+
+    /// What the relay answers for `req`: its status and error code (empty on success).
+    async fn answered(url: &str, req: &Relayed) -> (u16, String) {
+        let view = Steady {
+            leader: (2, url.to_string()),
+            moved: tokio::sync::Notify::new(),
+            leads_now: false,
+        };
+        crate::tls::install_provider();
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
+            .build()
+            .unwrap();
+        let signer = PeerSigner::new(b"peer", 1);
+        let leader = view.leader.clone();
+        match send_to_leader(&view, &http, &signer, req, leader, Duration::from_secs(2)).await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+                    .await
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                (
+                    status,
+                    v["error"]["code"].as_str().unwrap_or("").to_string(),
+                )
+            }
+            Err(e) => (e.status.as_u16(), e.code.as_str().to_string()),
+        }
+    }
+
+    /// The failover benchmark: in the moments after an election, relayed heartbeats were
+    /// answered 503 `not_leader` by the new leader and each cost its agent an interval. A
+    /// request safe to resend is sent again once leadership settles; one that is not (an
+    /// enrolment) gets the 503 as the leader gave it, and so does a shed request.
+    #[tokio::test]
+    async fn a_resendable_request_answered_not_leader_is_sent_again_and_others_pass_the_503_on() {
+        let (url, seen) = not_ready_then_ok().await;
+        let beat = request("POST", "/api/v1/agent/nodes/n1/heartbeat", None, "{}");
+        assert_eq!(answered(&url, &beat).await, (200, String::new()));
+        assert_eq!(*seen.lock().unwrap(), 2);
+        let (url, seen) = not_ready_then_ok().await;
+        let enrol = request("POST", "/api/v1/agent/enroll", None, "{}");
+        assert_eq!(answered(&url, &enrol).await, (503, "not_leader".into()));
+        assert_eq!(*seen.lock().unwrap(), 1);
+        let url = answering_leader(
+            "503 Service Unavailable",
+            r#"{"error":{"code":"over_capacity","message":"x"}}"#,
+        )
+        .await;
+        assert_eq!(answered(&url, &beat).await, (503, "over_capacity".into()));
     }
 
     /// The control: a write that never reached a leader certainly failed.

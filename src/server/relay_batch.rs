@@ -33,11 +33,13 @@ const MAX_BATCH: usize = 512;
 const IN_FLIGHT: usize = 4;
 /// Heartbeats of a batch decided in one task.
 const CHUNK: usize = 16;
+/// How long heartbeats answered "leadership is moving" wait before they go again.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Heartbeats waiting for a batch; beyond it a heartbeat is shed like one over capacity.
 const QUEUE: usize = 16_384;
 
 /// One agent's heartbeat as the follower received it.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Item {
     /// The node id of the path, unparsed (the leader checks it as it checks a path).
     node_id: String,
@@ -178,35 +180,51 @@ pub(super) async fn run(ctx: Shared) {
 }
 
 /// Send one batch to the leader (or decide it here, if this member leads now) and hand each
-/// waiting heartbeat its answer.
+/// waiting heartbeat its answer. Heartbeats the leader answered 503 because leadership is moving
+/// (a new leader whose term cannot serve yet) go again, once leadership settles, within the
+/// wait a relayed request gets (`forward::LEADER_WAIT`): a heartbeat is safe to resend.
 async fn send(ctx: &Shared, batch: Vec<Waiting>) {
-    let (items, replies): (Vec<Item>, Vec<_>) = batch
+    let deadline = tokio::time::Instant::now() + super::forward::LEADER_WAIT;
+    let (mut items, mut replies): (Vec<Item>, Vec<_>) = batch
         .into_iter()
         .map(|w| {
             let id = w.item.request_id.clone();
             (w.item, (w.reply, id))
         })
         .unzip();
-    let answers = match ctx.consensus.leader() {
-        Some((id, _)) if id == ctx.cfg.node_id && ctx.consensus.is_leader() => {
-            decide(ctx, items).await
-        }
-        _ => to_leader(ctx, &items).await,
-    };
-    match answers {
-        Ok(answers) if answers.len() == replies.len() => {
-            for ((reply, _), a) in replies.into_iter().zip(answers) {
-                let _ = reply.send(a);
+    loop {
+        let answers = match ctx.consensus.leader() {
+            Some((id, _)) if id == ctx.cfg.node_id && ctx.consensus.is_leader() => {
+                decide(ctx, items.clone()).await
+            }
+            _ => to_leader(ctx, &items).await,
+        };
+        let answers = match answers {
+            Ok(answers) if answers.len() == replies.len() => answers,
+            Ok(_) => {
+                let e = ApiError::new(
+                    ErrorCode::NoLeader,
+                    "the leader's answer did not match; retry",
+                );
+                return answer_all(replies, e.into_response()).await;
+            }
+            Err(resp) => return answer_all(replies, resp).await,
+        };
+        let again = tokio::time::Instant::now() < deadline;
+        let (mut retry_items, mut retry_replies) = (vec![], vec![]);
+        for ((item, reply), a) in items.into_iter().zip(replies).zip(answers) {
+            if again && a.status == 503 && super::forward::leadership_moving(&a.body) {
+                retry_items.push(item);
+                retry_replies.push(reply);
+            } else {
+                let _ = reply.0.send(a);
             }
         }
-        Ok(_) => {
-            let e = ApiError::new(
-                ErrorCode::NoLeader,
-                "the leader's answer did not match; retry",
-            );
-            answer_all(replies, e.into_response()).await;
+        if retry_items.is_empty() {
+            return;
         }
-        Err(resp) => answer_all(replies, resp).await,
+        (items, replies) = (retry_items, retry_replies);
+        tokio::time::sleep(RETRY_PAUSE).await;
     }
 }
 

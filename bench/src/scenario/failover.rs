@@ -33,6 +33,8 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
     let run = tokio::spawn(async move { load::run_agents(&h, &us, fo, iv, deadline, 4096).await });
     tokio::time::sleep(iv * 2).await; // steady state before the fault
     let old = b.wait_leader(Duration::from_secs(10)).await;
+    load::take_refusals();
+    load::count_refusals(true);
     let killed_at = Instant::now();
     b.kill(old);
     let survivors: Vec<String> = (0..3).filter(|i| *i != old).map(|i| b.url(i)).collect();
@@ -60,6 +62,9 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let traces = run.await.expect("agents");
+    // Every attempt's refusal from the kill on (an agent's pass tries each member once).
+    load::count_refusals(false);
+    let attempts_refused = load::take_refusals();
     let verifies_after = argon2_verifies(b, &http).await;
     let mut back = vec![];
     // Per agent, from its first heartbeat due after the kill to its first 200: an agent whose
@@ -133,7 +138,7 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
         json!({"write_ms": write_ms, "agents": n_fo, "interval_ms": ms(iv), "all_back_ms": ms(all_back), "worst_outage_ms": ms(worst_outage),
                "p50_back_ms": ms(back.get(back.len() / 2).copied().unwrap_or_default()),
                "never_back": never, "unanswered_or_refused": refused_after,
-               "refused_by_status": refusals, "slowest_agent_after_kill": slowest.1,
+               "refused_by_status": refusals, "attempts_refused": attempts_refused, "slowest_agent_after_kill": slowest.1,
                "argon2_verifies_on_survivors": new_verifies}),
     );
     old

@@ -135,6 +135,26 @@ where
     false
 }
 
+/// One heartbeat of `node_id` sent to `url`: (status, body).
+async fn heartbeat(url: &str, node_id: &str, credential: &str) -> (u16, serde_json::Value) {
+    call(
+        "POST",
+        &format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat"),
+        Some(credential),
+        Some(json!({})),
+    )
+    .await
+}
+
+/// [`heartbeat`] with owned arguments, for a closure's future.
+async fn heartbeat_owned(
+    url: String,
+    node_id: String,
+    credential: String,
+) -> (u16, serde_json::Value) {
+    heartbeat(&url, &node_id, &credential).await
+}
+
 /// Heartbeats of one node, agent-like: each beat goes to the members in turn until one
 /// answers 200 within 5 s.
 fn heartbeat_loop(urls: Vec<String>, node_id: String, credential: String) -> Load {
@@ -143,16 +163,7 @@ fn heartbeat_loop(urls: Vec<String>, node_id: String, credential: String) -> Loa
         async move {
             let ok = any_member(&urls, Duration::from_secs(5), 200, |url| {
                 let (node_id, credential) = (node_id.clone(), credential.clone());
-                async move {
-                    call(
-                        "POST",
-                        &format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat"),
-                        Some(&credential),
-                        Some(json!({})),
-                    )
-                    .await
-                    .0
-                }
+                async move { heartbeat(&url, &node_id, &credential).await.0 }
             })
             .await;
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -470,18 +481,7 @@ async fn a_removed_member_that_did_not_hear_of_it_sends_agents_elsewhere() {
     agent.stop();
     let leader = c.wait_leader().await;
     let removed = (1..=3).find(|id| *id != leader).unwrap();
-    let beat = |url: String| {
-        let (node_id, credential) = (node_id.clone(), credential.clone());
-        async move {
-            call(
-                "POST",
-                &format!("{url}/api/v1/agent/nodes/{node_id}/heartbeat"),
-                Some(&credential),
-                Some(json!({})),
-            )
-            .await
-        }
-    };
+    let beat = |url: String| heartbeat_owned(url, node_id.clone(), credential.clone());
     // The follower relays heartbeats while it is a member.
     let (s, v) = beat(c.url(removed)).await;
     assert_eq!(s, 200, "{v}");

@@ -446,6 +446,17 @@ mod tests {
         })
     }
 
+    /// The relaying member's client, trusting the fake leaders' CA.
+    fn fake_client() -> reqwest::Client {
+        crate::tls::install_provider();
+        reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_millis(500))
+            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
+            .build()
+            .unwrap()
+    }
+
     /// Accept one TLS connection on `listener` (None once it fails).
     async fn accept_tls(
         listener: &TcpListener,
@@ -534,27 +545,30 @@ mod tests {
     }
 
     async fn relay_with(url: &str, req: &Relayed, leads_now: bool) -> (u16, &'static str) {
-        let view = Steady {
-            leader: (2, url.to_string()),
-            moved: tokio::sync::Notify::new(),
-            leads_now,
-        };
-        crate::tls::install_provider();
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_millis(500))
-            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
-            .build()
-            .unwrap();
-        let leader_wait = Duration::from_secs(1);
-        let signer = PeerSigner::new(b"peer", 1);
-        match send_to_leader(&view, &http, &signer, req, view.leader.clone(), leader_wait).await {
+        match send_with(url, req, leads_now, Duration::from_secs(1)).await {
             Ok(r) => panic!(
                 "the relay answered {} for a leader that never answers",
                 r.status()
             ),
             Err(e) => (e.status.as_u16(), e.code.as_str()),
         }
+    }
+
+    /// `req` relayed to the leader at `url` (this member leads meanwhile if `leads_now`).
+    async fn send_with(
+        url: &str,
+        req: &Relayed,
+        leads_now: bool,
+        leader_wait: Duration,
+    ) -> Result<Response, ApiError> {
+        let view = Steady {
+            leader: (2, url.to_string()),
+            moved: tokio::sync::Notify::new(),
+            leads_now,
+        };
+        let signer = PeerSigner::new(b"peer", 1);
+        let leader = view.leader.clone();
+        send_to_leader(&view, &fake_client(), &signer, req, leader, leader_wait).await
     }
 
     const ALLOCATE: &str = r#"{"owner": "regression", "accelerators": 1}"#;
@@ -596,6 +610,19 @@ mod tests {
         assert_eq!(seen.lock().unwrap().len(), 1, "an enrolment was resent");
     }
 
+    const NOT_LEADER: &str = r#"{"error":{"code":"not_leader","message":"x"}}"#;
+
+    /// Answer one request with `status` and a JSON `body`, and close the connection.
+    async fn answer(sock: &mut (impl tokio::io::AsyncWrite + Unpin), status: &str, body: &str) {
+        use tokio::io::AsyncWriteExt;
+        let head = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = sock.write_all(format!("{head}{body}").as_bytes()).await;
+        let _ = sock.shutdown().await;
+    }
+
     /// A leader that reads the first request and breaks the connection (it may have applied
     /// it), then answers every later one 503 `not_leader` (a new leader not ready yet).
     async fn mute_then_not_leader() -> String {
@@ -606,13 +633,7 @@ mod tests {
             while let Some(mut sock) = accept_tls(&listener).await {
                 read_request(&mut sock).await;
                 if !std::mem::take(&mut first) {
-                    let body = r#"{"error":{"code":"not_leader","message":"x"}}"#;
-                    let answer = format!(
-                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
-                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+                    answer(&mut sock, "503 Service Unavailable", NOT_LEADER).await;
                 }
             }
         });
@@ -657,12 +678,7 @@ mod tests {
         tokio::spawn(async move {
             while let Some(mut sock) = accept_tls(&listener).await {
                 read_request(&mut sock).await;
-                let answer = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
-                let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+                answer(&mut sock, status, body).await;
             }
         });
         url
@@ -689,26 +705,8 @@ mod tests {
             r#"{"error":{"code":"unauthorized","message":"the credential was revoked"}}"#,
         )
         .await;
-        let view = Steady {
-            leader: (2, url.clone()),
-            moved: tokio::sync::Notify::new(),
-            leads_now: false,
-        };
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
-            .build()
-            .unwrap();
-        let signer = PeerSigner::new(b"peer", 1);
-        let leader = view.leader.clone();
-        let answer = send_to_leader(&view, &http, &signer, &beat, leader, Duration::from_secs(1))
-            .await
-            .unwrap_or_else(|e| panic!("the client's own 401 became {}", e.code.as_str()));
-        assert_eq!(answer.status(), 401);
-        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        assert!(String::from_utf8_lossy(&body).contains("\"unauthorized\""));
+        // The leader's own 401, for the client's credential, passes as it was given.
+        assert_eq!(answered(&url, &beat).await, (401, "unauthorized".into()));
     }
 
     /// A leader that answers its first request 503 `not_leader` (its new term not ready) and
@@ -726,20 +724,11 @@ mod tests {
                     *c += 1;
                     *c
                 };
-                let (status, body) = if n == 1 {
-                    (
-                        "503 Service Unavailable",
-                        r#"{"error":{"code":"not_leader","message":"x"}}"#,
-                    )
+                if n == 1 {
+                    answer(&mut sock, "503 Service Unavailable", NOT_LEADER).await;
                 } else {
-                    ("200 OK", r#"{"status":"ok"}"#)
-                };
-                let answer = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tokio::io::AsyncWriteExt::write_all(&mut sock, answer.as_bytes()).await;
-                let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+                    answer(&mut sock, "200 OK", r#"{"status":"ok"}"#).await;
+                }
             }
         });
         (url, seen)
@@ -747,30 +736,15 @@ mod tests {
 
     /// What the relay answers for `req`: its status and error code (empty on success).
     async fn answered(url: &str, req: &Relayed) -> (u16, String) {
-        let view = Steady {
-            leader: (2, url.to_string()),
-            moved: tokio::sync::Notify::new(),
-            leads_now: false,
-        };
-        crate::tls::install_provider();
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .tls_backend_preconfigured(crate::tls::client_config(&fake_tls().0, None).unwrap())
-            .build()
-            .unwrap();
-        let signer = PeerSigner::new(b"peer", 1);
-        let leader = view.leader.clone();
-        match send_to_leader(&view, &http, &signer, req, leader, Duration::from_secs(2)).await {
+        match send_with(url, req, false, Duration::from_secs(2)).await {
             Ok(r) => {
                 let status = r.status().as_u16();
                 let body = axum::body::to_bytes(r.into_body(), usize::MAX)
                     .await
                     .unwrap();
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                (
-                    status,
-                    v["error"]["code"].as_str().unwrap_or("").to_string(),
-                )
+                let code = v["error"]["code"].as_str().unwrap_or("").to_string();
+                (status, code)
             }
             Err(e) => (e.status.as_u16(), e.code.as_str().to_string()),
         }

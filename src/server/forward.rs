@@ -338,39 +338,41 @@ pub(super) async fn send_to_leader(
     }
 }
 
-/// A relayed answer's head and body, read whole.
-async fn answer_bytes(
-    resp: reqwest::Response,
-) -> Result<(axum::http::response::Parts, axum::body::Bytes), ApiError> {
-    let (parts, body) = relay_answer(resp).await?.into_parts();
-    let bytes = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_default();
-    Ok((parts, bytes))
+/// The error code of an answer's contract error body, with its message.
+fn error_of(body: &[u8]) -> Option<modelforge_proto::wire::ErrorDetail> {
+    serde_json::from_slice::<modelforge_proto::wire::ErrorBody>(body)
+        .ok()
+        .map(|e| e.error)
 }
 
 /// Whether a 503 says leadership is moving (`not_leader`, `no_leader`, `leader_changed`): the
 /// request was not decided, and the leader after the move may decide it. (Not a shed request,
 /// which is to come back later, nor an `outcome_unknown`.)
 pub(super) fn leadership_moving(body: &[u8]) -> bool {
-    serde_json::from_slice::<modelforge_proto::wire::ErrorBody>(body).is_ok_and(|e| {
-        [
-            ErrorCode::NotLeader,
-            ErrorCode::NoLeader,
-            ErrorCode::LeaderChanged,
-        ]
-        .iter()
-        .any(|c| c.as_str() == e.error.code)
-    })
+    const MOVING: [ErrorCode; 3] = [
+        ErrorCode::NotLeader,
+        ErrorCode::NoLeader,
+        ErrorCode::LeaderChanged,
+    ];
+    error_of(body).is_some_and(|e| MOVING.iter().any(|c| c.as_str() == e.code))
 }
 
 /// The leader's message when its answer refuses the relaying member (`peer_unauthenticated`).
 fn peer_refusal(body: &[u8]) -> Option<String> {
-    let e: modelforge_proto::wire::ErrorBody = serde_json::from_slice(body).ok()?;
-    (e.error.code == ErrorCode::PeerUnauthenticated.as_str()).then_some(e.error.message)
+    error_of(body)
+        .filter(|e| e.code == ErrorCode::PeerUnauthenticated.as_str())
+        .map(|e| e.message)
 }
 
 async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
+    let (parts, body) = answer_bytes(resp).await?;
+    Ok(Response::from_parts(parts, Body::from(body)))
+}
+
+/// A relayed answer's head (status, content type, watch index) and its body, read whole.
+async fn answer_bytes(
+    resp: reqwest::Response,
+) -> Result<(axum::http::response::Parts, axum::body::Bytes), ApiError> {
     let status = axum::http::StatusCode::from_u16(resp.status().as_u16())
         .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
     let ctype = resp.headers().get("content-type").cloned();
@@ -379,15 +381,15 @@ async fn relay_answer(resp: reqwest::Response) -> Result<Response, ApiError> {
         .bytes()
         .await
         .map_err(|_| ApiError::outcome_unknown("the leader's answer was cut off"))?;
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = status;
     if let Some(ct) = ctype.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
-        response.headers_mut().insert("content-type", ct);
+        parts.headers.insert("content-type", ct);
     }
     if let Some(i) = index.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
-        response.headers_mut().insert(super::watch::INDEX_HEADER, i);
+        parts.headers.insert(super::watch::INDEX_HEADER, i);
     }
-    Ok(response)
+    Ok((parts, body))
 }
 
 #[cfg(test)]

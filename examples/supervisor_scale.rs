@@ -7,6 +7,8 @@
 //! `cargo run --release --example supervisor_scale -- [--nodes 10000,100000] [--shards 16]`
 //! Each size runs in a fresh child process so that RSS figures do not mix.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,21 +44,14 @@ async fn one(nodes: usize, shards: usize) {
     let inv = modelforge_devkit::h200_inventory(8);
     let t = Instant::now();
     for i in 0..nodes {
-        for cmd in [
-            Command::CreateToken { token_id: format!("{i:032x}").into(), hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(), ttl_ms: 3_600_000, note: None },
-            Command::Enroll {
-                token_id: format!("{i:032x}").into(),
-                public_key: format!("{i:064x}"),
-                hostname: format!("gpu-{i}"),
-                inventory: inv.clone(),
-                new_node_id: format!("{i:08x}-0000-4000-8000-000000000000").into(),
-                credential_id: format!("{:032x}", i + (1 << 40)).into(),
-                credential_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g".into(),
-                proof_signed_at_ms: 1,
-            },
-        ] {
+        for cmd in common::enrolment(i, &inv) {
             idx += 1;
-            let env = Envelope { request_id: format!("r{idx}"), now_ms: 1_000_000, actor: "bench".into(), command: cmd };
+            let env = Envelope {
+                request_id: format!("r{idx}"),
+                now_ms: 1_000_000,
+                actor: "bench".into(),
+                command: cmd,
+            };
             app.apply(idx, &modelforge_raft::codec::encode(&env).unwrap());
         }
     }

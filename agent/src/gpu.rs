@@ -72,7 +72,7 @@ impl GpuSource {
     pub fn inventory(&self) -> Inventory {
         match self {
             GpuSource::Nvml(None, status, _) => Inventory {
-                nvml: Some(status.clone()),
+                nvml: Some(status.as_str().into()),
                 ..Default::default()
             },
             GpuSource::Nvml(Some(n), _, _) => nvml_inventory(n),
@@ -91,12 +91,12 @@ impl GpuSource {
                         .map(|a| a.accelerator.clone())
                         .collect(),
                     storage_roots: f.storage_roots,
-                    driver_version: f.driver_version,
-                    cuda_version: f.cuda_version,
-                    nvml: Some(f.nvml.unwrap_or_else(|| "fixture".into())),
+                    driver_version: f.driver_version.map(Into::into),
+                    cuda_version: f.cuda_version.map(Into::into),
+                    nvml: Some(f.nvml.as_deref().unwrap_or("fixture").into()),
                 },
                 Err(e) => Inventory {
-                    nvml: Some(format!("error: fixture {}: {e}", path.display())),
+                    nvml: Some(format!("error: fixture {}: {e}", path.display()).into()),
                     ..Default::default()
                 },
             },
@@ -309,13 +309,14 @@ fn simulated_telemetry(gpu: &Accelerator, i: u32, t: f64) -> AcceleratorTelemetr
 
 fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
     let mut inv = Inventory {
-        driver_version: n.sys_driver_version().ok(),
+        driver_version: n.sys_driver_version().ok().map(Into::into),
         cuda_version: n.sys_cuda_driver_version().ok().map(|v| {
             format!(
                 "{}.{}",
                 nvml_wrapper::cuda_driver_version_major(v),
                 nvml_wrapper::cuda_driver_version_minor(v)
             )
+            .into()
         }),
         nvml: Some("ok".into()),
         ..Default::default()
@@ -323,7 +324,7 @@ fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
     let count = match n.device_count() {
         Ok(c) => c,
         Err(e) => {
-            inv.nvml = Some(format!("error: device count: {e}"));
+            inv.nvml = Some(format!("error: device count: {e}").into());
             return inv;
         }
     };
@@ -331,14 +332,14 @@ fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
         let d = match n.device_by_index(i) {
             Ok(d) => d,
             Err(e) => {
-                inv.nvml = Some(format!("error: device {i}: {e}"));
+                inv.nvml = Some(format!("error: device {i}: {e}").into());
                 continue;
             }
         };
         let Ok(uuid) = d.uuid() else { continue };
         inv.accelerators.push(Accelerator {
             uuid,
-            name: d.name().unwrap_or_else(|_| "unknown".into()),
+            name: d.name().unwrap_or_else(|_| "unknown".into()).into(),
             memory_total_mib: d.memory_info().ok().map(|m| m.total / (1024 * 1024)),
             pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
             index: Some(i),
@@ -351,7 +352,7 @@ fn nvml_inventory(n: &nvml_wrapper::Nvml) -> Inventory {
             compute_capability: d
                 .cuda_compute_capability()
                 .ok()
-                .map(|c| format!("{}.{}", c.major, c.minor)),
+                .map(|c| format!("{}.{}", c.major, c.minor).into()),
         });
     }
     inv

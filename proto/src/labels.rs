@@ -125,7 +125,7 @@ mod tests {
             index: Some(0),
             mig_mode: Some(mig.into()),
             power_limit_w: None,
-            compute_capability: cc.map(str::to_string),
+            compute_capability: cc.map(Into::into),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod api;
 pub mod gpu_health;
 pub mod identity;
 pub mod ids;
+pub mod intern;
 pub mod labels;
 pub mod secret;
 pub mod wire;

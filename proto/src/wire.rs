@@ -9,12 +9,14 @@ use crate::identity::IdentityProof;
 use crate::ids::CredentialId;
 use crate::ids::NodeId;
 use crate::ids::SmokeId;
+use crate::intern::Shared;
 
 /// One accelerator as inventoried (NVML, simulated or fixture: the same shape).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, utoipa::ToSchema)]
 pub struct Accelerator {
     pub uuid: String,
-    pub name: String,
+    #[schema(value_type = String)]
+    pub name: Shared,
     #[serde(default)]
     pub memory_total_mib: Option<u64>,
     #[serde(default)]
@@ -22,13 +24,15 @@ pub struct Accelerator {
     #[serde(default)]
     pub index: Option<u32>,
     #[serde(default)]
-    pub mig_mode: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub mig_mode: Option<Shared>,
     #[serde(default)]
     pub power_limit_w: Option<u64>,
     /// CUDA compute capability, `major.minor` (`9.0`); absent from older agents. (Never
     /// skipped when absent: the replicated state's encoding is positional.)
     #[serde(default)]
-    pub compute_capability: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub compute_capability: Option<Shared>,
 }
 
 /// A storage root of the node.
@@ -47,12 +51,15 @@ pub struct Inventory {
     pub accelerators: Vec<Accelerator>,
     pub storage_roots: Vec<StorageRoot>,
     #[serde(default)]
-    pub driver_version: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub driver_version: Option<Shared>,
     #[serde(default)]
-    pub cuda_version: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub cuda_version: Option<Shared>,
     /// `ok`, `absent` or `error: <reason>`.
     #[serde(default)]
-    pub nvml: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub nvml: Option<Shared>,
 }
 
 /// Per-accelerator telemetry in a heartbeat; every field optional.

@@ -57,13 +57,14 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
     if inv.storage_roots.len() > MAX_STORAGE_ROOTS {
         return bad("too many storage roots");
     }
-    let long = |s: &Option<String>| s.as_ref().is_some_and(|s| s.len() > MAX_FIELD_LEN);
+    let long = |s: Option<&str>| s.is_some_and(|s| s.len() > MAX_FIELD_LEN);
     for a in &inv.accelerators {
         if a.uuid.is_empty()
             || a.uuid.len() > MAX_FIELD_LEN
             || a.name.len() > MAX_FIELD_LEN
-            || long(&a.pci_bus_id)
-            || long(&a.mig_mode)
+            || long(a.pci_bus_id.as_deref())
+            || long(a.mig_mode.as_deref())
+            || long(a.compute_capability.as_deref())
         {
             return bad("an accelerator needs a uuid, and its fields must be under 512 bytes");
         }
@@ -73,7 +74,10 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
             return bad("a storage root needs a path under 512 bytes");
         }
     }
-    if long(&inv.driver_version) || long(&inv.cuda_version) || long(&inv.nvml) {
+    if long(inv.driver_version.as_deref())
+        || long(inv.cuda_version.as_deref())
+        || long(inv.nvml.as_deref())
+    {
         return bad("inventory fields must be under 512 bytes");
     }
     // Control characters (terminal escapes, newlines) would reach operators' terminals and
@@ -83,17 +87,18 @@ fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
         .iter()
         .flat_map(|a| {
             [
-                Some(&a.uuid),
-                Some(&a.name),
-                a.pci_bus_id.as_ref(),
-                a.mig_mode.as_ref(),
+                Some(a.uuid.as_str()),
+                Some(&*a.name),
+                a.pci_bus_id.as_deref(),
+                a.mig_mode.as_deref(),
+                a.compute_capability.as_deref(),
             ]
         })
-        .chain(inv.storage_roots.iter().map(|r| Some(&r.path)))
+        .chain(inv.storage_roots.iter().map(|r| Some(r.path.as_str())))
         .chain([
-            inv.driver_version.as_ref(),
-            inv.cuda_version.as_ref(),
-            inv.nvml.as_ref(),
+            inv.driver_version.as_deref(),
+            inv.cuda_version.as_deref(),
+            inv.nvml.as_deref(),
         ])
         .flatten();
     for s in strings {
@@ -641,5 +646,48 @@ pub async fn inventory(
         other => Err(ApiError::internal(format!(
             "unexpected answer to an inventory update: {other:?}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_inventory;
+    use modelforge_proto::wire::Inventory;
+
+    /// An agent's inventory strings reach operators' terminals (CLI, labels, audit): every
+    /// one of them, the compute capability included, is refused with a control character or
+    /// past 512 bytes.
+    #[test]
+    fn every_inventory_string_is_checked_for_control_characters_and_length() {
+        let good = modelforge_devkit::h200_inventory(2);
+        assert!(check_inventory(&good).is_ok());
+        type Set = fn(&mut Inventory, &str);
+        let setters: [(&str, Set); 9] = [
+            ("uuid", |i, v| i.accelerators[1].uuid = v.into()),
+            ("name", |i, v| i.accelerators[1].name = v.into()),
+            ("pci_bus_id", |i, v| {
+                i.accelerators[1].pci_bus_id = Some(v.into())
+            }),
+            ("mig_mode", |i, v| {
+                i.accelerators[1].mig_mode = Some(v.into())
+            }),
+            ("compute_capability", |i, v| {
+                i.accelerators[1].compute_capability = Some(v.into())
+            }),
+            ("storage path", |i, v| i.storage_roots[0].path = v.into()),
+            ("driver_version", |i, v| i.driver_version = Some(v.into())),
+            ("cuda_version", |i, v| i.cuda_version = Some(v.into())),
+            ("nvml", |i, v| i.nvml = Some(v.into())),
+        ];
+        for (field, set) in setters {
+            for bad in ["9.0\u{1b}[2J".to_string(), "x".repeat(513)] {
+                let mut inv = good.clone();
+                set(&mut inv, &bad);
+                assert!(
+                    check_inventory(&inv).is_err(),
+                    "{field} = {bad:?} was accepted"
+                );
+            }
+        }
     }
 }

@@ -15,6 +15,7 @@ use modelforge_proto::ids::TokenId;
 use serde::Deserialize;
 use serde::Serialize;
 use sha2::Digest;
+use std::sync::Arc;
 
 use super::ApplyResult;
 use super::Outcome;
@@ -301,12 +302,17 @@ impl State {
             self.revoke(facts, now, c, &why, true);
         }
         for t in &effects.claims_to_spend {
-            if let Some(claim) = self.tokens.get_mut(t).and_then(|t| t.claim.as_mut()) {
+            if let Some(claim) = self
+                .tokens
+                .get_mut(t)
+                .map(Arc::make_mut)
+                .and_then(|t| t.claim.as_mut())
+            {
                 claim.spent = true;
             }
         }
         for other in &effects.hostname_conflicts_resolved {
-            if let Some(o) = self.nodes.get_mut(other) {
+            if let Some(o) = self.nodes.get_mut(other).map(Arc::make_mut) {
                 push_history(
                     o,
                     now,
@@ -315,7 +321,11 @@ impl State {
                 );
             }
         }
-        let node = self.nodes.get_mut(node_id).expect("looked up above");
+        let node = self
+            .nodes
+            .get_mut(node_id)
+            .map(Arc::make_mut)
+            .expect("looked up above");
         node.enabled = false;
         node.decommissioned_at_ms = Some(now);
         push_history(node, now, HistoryKind::Decommissioned, reason.to_string());

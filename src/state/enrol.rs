@@ -6,6 +6,7 @@
 //! has one; a revoked credential is never un-revoked.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use modelforge_proto::api::ErrorCode as RefusalCode;
 
@@ -92,7 +93,7 @@ impl State {
         let expires_at_ms = now.saturating_add(ttl_ms);
         self.tokens.insert(
             token_id.clone(),
-            Token {
+            Arc::new(Token {
                 token_id: token_id.clone(),
                 hash: hash.to_string(),
                 created_at_ms: now,
@@ -100,7 +101,7 @@ impl State {
                 note: note.clone(),
                 cancelled_at_ms: None,
                 claim: None,
-            },
+            }),
         );
         Ok(Outcome::TokenCreated {
             token_id: token_id.clone(),
@@ -116,7 +117,11 @@ impl State {
         token_id: &TokenId,
     ) -> ApplyResult {
         self.check_cancel(token_id)?;
-        let t = self.tokens.get_mut(token_id).expect("checked above");
+        let t = self
+            .tokens
+            .get_mut(token_id)
+            .map(Arc::make_mut)
+            .expect("checked above");
         if t.cancelled_at_ms.is_none() {
             t.cancelled_at_ms = Some(now);
             facts.push(Fact::TokenCancelled {
@@ -157,7 +162,7 @@ impl State {
     ) -> ApplyResult {
         let mut count = 0;
         for (id, at) in uses {
-            let Some(c) = self.credentials.get_mut(id) else {
+            let Some(c) = self.credentials.get_mut(id).map(Arc::make_mut) else {
                 continue;
             };
             let at = (*at).min(now);
@@ -221,7 +226,7 @@ impl State {
                     .insert(public_key.to_string(), new_node_id.clone());
                 self.nodes.insert(
                     new_node_id.clone(),
-                    Node {
+                    Arc::new(Node {
                         node_id: new_node_id.clone(),
                         hostname: hostname.to_string(),
                         public_key: public_key.to_string(),
@@ -233,7 +238,7 @@ impl State {
                         inventory_digest: inventory_digest(&Inventory::default()),
                         credential_ids: Vec::new(),
                         history: VecDeque::new(),
-                    },
+                    }),
                 );
                 self.index_hostname(hostname, new_node_id);
                 let others: Vec<NodeId> = self
@@ -242,7 +247,7 @@ impl State {
                     .filter(|n| n != new_node_id)
                     .collect();
                 for other in &others {
-                    if let Some(o) = self.nodes.get_mut(other) {
+                    if let Some(o) = self.nodes.get_mut(other).map(Arc::make_mut) {
                         push_history(
                             o,
                             now,
@@ -251,7 +256,7 @@ impl State {
                         );
                     }
                 }
-                if let Some(n) = self.nodes.get_mut(new_node_id) {
+                if let Some(n) = self.nodes.get_mut(new_node_id).map(Arc::make_mut) {
                     for other in others {
                         push_history(n, now, HistoryKind::HostnameConflict, other.into_string());
                     }
@@ -274,7 +279,7 @@ impl State {
         }
         self.credentials.insert(
             credential_id.clone(),
-            Credential {
+            Arc::new(Credential {
                 credential_id: credential_id.clone(),
                 node_id: node_id.clone(),
                 hash: credential_hash.to_string(),
@@ -283,11 +288,12 @@ impl State {
                 revoked_at_ms: None,
                 revoked_reason: None,
                 token_id: Some(token_id.clone()),
-            },
+            }),
         );
         let token = self
             .tokens
             .get_mut(token_id)
+            .map(Arc::make_mut)
             .expect("token looked up above");
         match &mut token.claim {
             Some(claim) => {
@@ -314,6 +320,7 @@ impl State {
         let node = self
             .nodes
             .get_mut(&node_id)
+            .map(Arc::make_mut)
             .expect("node exists or was created above");
         node.credential_ids.push(credential_id.clone());
         node.enrolled_at_ms = now;
@@ -331,7 +338,11 @@ impl State {
                 self.index_hostname(hostname, &node_id);
             }
         }
-        let node = self.nodes.get_mut(&node_id).expect("node looked up above");
+        let node = self
+            .nodes
+            .get_mut(&node_id)
+            .map(Arc::make_mut)
+            .expect("node looked up above");
         let kind = if retry {
             HistoryKind::EnrolmentRetried
         } else if reenrolled {
@@ -367,7 +378,7 @@ impl State {
         reason: &str,
         spend: bool,
     ) {
-        let Some(c) = self.credentials.get_mut(credential_id) else {
+        let Some(c) = self.credentials.get_mut(credential_id).map(Arc::make_mut) else {
             return;
         };
         if c.revoked_at_ms.is_some() {
@@ -385,7 +396,7 @@ impl State {
         if spend {
             self.spend_claim(facts, now, token_id.as_ref(), credential_id);
         }
-        if let Some(node) = self.nodes.get_mut(&node_id) {
+        if let Some(node) = self.nodes.get_mut(&node_id).map(Arc::make_mut) {
             push_history(
                 node,
                 now,
@@ -405,7 +416,11 @@ impl State {
         let Some(token_id) = token_id else {
             return;
         };
-        if let Some(claim) = self.tokens.get_mut(token_id).and_then(|t| t.claim.as_mut())
+        if let Some(claim) = self
+            .tokens
+            .get_mut(token_id)
+            .map(Arc::make_mut)
+            .and_then(|t| t.claim.as_mut())
             && claim.credential_id == *credential_id
             && !claim.spent
         {
@@ -424,7 +439,7 @@ impl State {
             .map(|n| {
                 n.credential_ids
                     .iter()
-                    .filter_map(|c| self.credentials.get(c))
+                    .filter_map(|c| self.credentials.get(c).map(|c| &**c))
                     .filter(|c| c.revoked_at_ms.is_none())
                     .collect()
             })

@@ -8,6 +8,7 @@
 //! also sets the GPU's clearing time (events that have not grown since are not judged again).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use imbl::OrdMap;
 use serde::Deserialize;
@@ -105,10 +106,10 @@ impl Fleet {
 /// service; a decommissioned node's records are dropped with it). It borrows only the node
 /// map, so the caller may still read and change the health records.
 fn in_service<'a>(
-    nodes: &'a mut OrdMap<NodeId, Node>,
+    nodes: &'a mut OrdMap<NodeId, Arc<Node>>,
     node_id: &NodeId,
 ) -> Result<&'a mut Node, Refusal> {
-    match nodes.get_mut(node_id) {
+    match nodes.get_mut(node_id).map(Arc::make_mut) {
         None => Err(Refusal::new(RefusalCode::NodeNotFound)),
         Some(n) if n.decommissioned_at_ms.is_some() => {
             Err(Refusal::new(RefusalCode::NodeDecommissioned))
@@ -197,7 +198,7 @@ impl State {
             if let Some(a) = self.sched.allocations.get_mut(&id) {
                 a.mark = Some(AllocationState::GpuFailed);
             }
-            if let Some(n) = self.nodes.get_mut(node_id) {
+            if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
                 push_history(
                     n,
                     now,
@@ -245,7 +246,7 @@ impl State {
                 if let Some(a) = self.sched.allocations.get_mut(&id) {
                     a.mark = Some(AllocationState::Drained);
                 }
-                if let Some(n) = self.nodes.get_mut(node_id) {
+                if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
                     push_history(
                         n,
                         now,

@@ -5,10 +5,62 @@
 //! is maintained wherever a node is created, renamed or disabled.
 
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use serde::Deserializer;
+use serde::Serialize;
 
 use super::State;
 use modelforge_proto::ids::NodeId;
+
+/// The enabled nodes claiming one hostname, in id order, without repeats: almost always one,
+/// so a sorted `Vec` (24 bytes and one id) rather than a `BTreeSet` (a leaf of eleven slots).
+/// It encodes exactly as the `BTreeSet` it replaced (a length, then the ids in order); decoding
+/// sorts and drops repeats, so damaged input cannot break the order the lookups rely on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Claimants(Vec<NodeId>);
+
+impl Claimants {
+    pub fn iter(&self) -> std::slice::Iter<'_, NodeId> {
+        self.0.iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn insert(&mut self, id: NodeId) {
+        if let Err(at) = self.0.binary_search(&id) {
+            self.0.insert(at, id);
+        }
+    }
+
+    fn remove(&mut self, id: &NodeId) {
+        if let Ok(at) = self.0.binary_search(id) {
+            self.0.remove(at);
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Claimants {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut ids = Vec::<NodeId>::deserialize(d)?;
+        ids.sort();
+        ids.dedup();
+        Ok(Self(ids))
+    }
+}
+
+impl FromIterator<NodeId> for Claimants {
+    fn from_iter<I: IntoIterator<Item = NodeId>>(ids: I) -> Self {
+        let mut c = Self::default();
+        for id in ids {
+            c.insert(id);
+        }
+        c
+    }
+}
 
 impl State {
     /// Enabled nodes claiming `hostname`, in id order.
@@ -36,8 +88,8 @@ impl State {
     }
 
     /// The index as the nodes say it should be.
-    pub(super) fn hostname_index_recomputed(&self) -> BTreeMap<String, BTreeSet<NodeId>> {
-        let mut expected: BTreeMap<String, BTreeSet<NodeId>> = BTreeMap::new();
+    pub(super) fn hostname_index_recomputed(&self) -> BTreeMap<String, Claimants> {
+        let mut expected: BTreeMap<String, Claimants> = BTreeMap::new();
         for n in self.nodes.values().filter(|n| n.enabled) {
             expected
                 .entry(n.hostname.clone())

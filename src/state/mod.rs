@@ -30,6 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use imbl::OrdMap;
 use imbl::Vector;
@@ -45,7 +46,7 @@ mod decommission;
 mod dedup;
 mod enrol;
 pub mod health;
-mod hostnames;
+pub mod hostnames;
 mod model;
 pub mod operators;
 pub mod persist;
@@ -68,6 +69,7 @@ pub use decommission::DecommissionEffects;
 pub use decommission::DecommissionPreview;
 pub use dedup::idempotency_key_reused;
 pub use dedup::key_reused;
+pub use hostnames::Claimants;
 pub use model::Claim;
 pub use model::Credential;
 pub use model::HistoryEvent;
@@ -107,14 +109,14 @@ pub struct State {
     pub clock_ms: i64,
     pub last_applied_index: u64,
     #[serde(deserialize_with = "persist::map")]
-    pub tokens: OrdMap<TokenId, Token>,
+    pub tokens: OrdMap<TokenId, Arc<Token>>,
     #[serde(deserialize_with = "persist::map")]
-    pub nodes: OrdMap<NodeId, Node>,
+    pub nodes: OrdMap<NodeId, Arc<Node>>,
     /// Identity public key -> node id.
     #[serde(deserialize_with = "persist::map")]
     pub identities: OrdMap<String, NodeId>,
     #[serde(deserialize_with = "persist::map")]
-    pub credentials: OrdMap<CredentialId, Credential>,
+    pub credentials: OrdMap<CredentialId, Arc<Credential>>,
     /// The live audit trail: the events after `audit_base` (older ones are in each member's
     /// archive file, see ARCHITECTURE.md "The archive").
     #[serde(deserialize_with = "persist::vector")]
@@ -134,7 +136,7 @@ pub struct State {
     /// of every node (an enrolment asks it, and so does every node view). Maintained wherever
     /// a node is created, renamed or disabled (`index_hostname`, `unindex_hostname`).
     #[serde(deserialize_with = "persist::map")]
-    pub enabled_by_hostname: OrdMap<String, BTreeSet<NodeId>>,
+    pub enabled_by_hostname: OrdMap<String, Claimants>,
     /// Named operators' tokens by name (`root` is configuration, not here).
     pub operators: BTreeMap<String, operators::OperatorToken>,
     /// Raft member ids removed from the cluster: never added again, refused as peers.
@@ -273,7 +275,7 @@ impl State {
             Command::RecordEvents { events } => {
                 let mut count = 0;
                 for (node_id, kind, detail, n) in events {
-                    if let Some(node) = self.nodes.get_mut(node_id) {
+                    if let Some(node) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
                         push_history_n(node, now, *kind, detail.clone(), (*n).max(1));
                         count += 1;
                     }
@@ -311,7 +313,7 @@ impl State {
                 reason,
             } => self.uncordon_gpu(now, &env.actor, node_id, uuid, reason),
             Command::UpdateInventory { node_id, inventory } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
+                let Some(node) = self.nodes.get_mut(node_id).map(Arc::make_mut) else {
                     return Err(Refusal::new(RefusalCode::NodeNotFound));
                 };
                 if node.decommissioned_at_ms.is_some() {

@@ -151,6 +151,15 @@ pub fn push_history_n(node: &mut Node, now: i64, kind: HistoryKind, detail: Stri
         last.at_ms = now;
         return;
     }
+    // Grown by a quarter, not doubled: a node's history is mostly a few events, and 100,000
+    // half-empty buffers are memory for nothing (ARCHITECTURE.md, "Bounded state").
+    if node.history.len() == node.history.capacity() {
+        let more = (node.history.len() / 4).max(4);
+        node.history.reserve_exact(
+            more.min((HISTORY_PER_NODE + 1).saturating_sub(node.history.len()))
+                .max(1),
+        );
+    }
     node.history.push_back(HistoryEvent {
         at_ms: now,
         kind,

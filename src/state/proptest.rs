@@ -8,6 +8,7 @@
 use modelforge_proto::api::Role;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::wire::Inventory;
+use std::sync::Arc;
 
 use super::*;
 use crate::state::sched::SmokeCheck;
@@ -319,7 +320,11 @@ fn check_catches_a_planted_break_of_each_invariant() {
             let (node, other) = (node.clone(), other.clone());
             Box::new(move |s: &mut State| {
                 let key = s.nodes[&node].public_key.clone();
-                s.nodes.get_mut(&other).unwrap().public_key = key;
+                s.nodes
+                    .get_mut(&other)
+                    .map(Arc::make_mut)
+                    .unwrap()
+                    .public_key = key;
             })
         }),
         ("two active credentials", {
@@ -327,9 +332,10 @@ fn check_catches_a_planted_break_of_each_invariant() {
             Box::new(move |s: &mut State| {
                 let mut c = s.active_credentials(&node)[0].clone();
                 c.credential_id = "planted".into();
-                s.credentials.insert("planted".into(), c);
+                s.credentials.insert("planted".into(), Arc::new(c));
                 s.nodes
                     .get_mut(&node)
+                    .map(Arc::make_mut)
                     .unwrap()
                     .credential_ids
                     .push("planted".into());
@@ -340,13 +346,17 @@ fn check_catches_a_planted_break_of_each_invariant() {
             Box::new(move |s: &mut State| {
                 let token = s.active_credentials(&node)[0].token_id.clone();
                 let id = s.nodes[&other].credential_ids[0].clone();
-                s.credentials.get_mut(&id).unwrap().token_id = token;
+                s.credentials
+                    .get_mut(&id)
+                    .map(Arc::make_mut)
+                    .unwrap()
+                    .token_id = token;
             })
         }),
         ("hostname index", {
             let node = node.clone();
             Box::new(move |s: &mut State| {
-                s.nodes.get_mut(&node).unwrap().hostname = "elsewhere".into();
+                s.nodes.get_mut(&node).map(Arc::make_mut).unwrap().hostname = "elsewhere".into();
             })
         }),
         ("a GPU in two allocations", {
@@ -360,7 +370,7 @@ fn check_catches_a_planted_break_of_each_invariant() {
         ("an active credential on a disabled node", {
             let node = node.clone();
             Box::new(move |s: &mut State| {
-                let n = s.nodes.get_mut(&node).unwrap();
+                let n = s.nodes.get_mut(&node).map(Arc::make_mut).unwrap();
                 n.enabled = false;
                 n.decommissioned_at_ms = Some(1);
             })

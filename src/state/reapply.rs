@@ -7,6 +7,7 @@ use super::Claim;
 use super::State;
 use crate::journal::Fact;
 use modelforge_proto::ids::CredentialId;
+use std::sync::Arc;
 
 impl State {
     /// Re-apply one journal fact to a restored state (see `journal.rs`): idempotent, and
@@ -43,7 +44,7 @@ impl State {
                 public_key,
                 at_ms,
             } => {
-                let t = self.tokens.get_mut(token_id)?;
+                let t = self.tokens.get_mut(token_id).map(Arc::make_mut)?;
                 if t.claim.as_ref().is_some_and(|c| c.spent) {
                     return None;
                 }
@@ -62,7 +63,7 @@ impl State {
                 ))
             }
             Fact::TokenSpent { token_id, at_ms } => {
-                let t = self.tokens.get_mut(token_id)?;
+                let t = self.tokens.get_mut(token_id).map(Arc::make_mut)?;
                 match &mut t.claim {
                     Some(c) if c.spent => None,
                     Some(c) => {
@@ -79,7 +80,7 @@ impl State {
                 }
             }
             Fact::TokenCancelled { token_id, at_ms } => {
-                let t = self.tokens.get_mut(token_id)?;
+                let t = self.tokens.get_mut(token_id).map(Arc::make_mut)?;
                 if t.cancelled_at_ms.is_some() || t.claim.is_some() {
                     return None;
                 }

@@ -23,6 +23,7 @@ use super::NodeId;
 use super::State;
 use super::TokenId;
 use super::sched::SmokeState;
+use std::sync::Arc;
 
 /// How long a finished token, revoked credential or finished smoke is kept.
 pub const RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
@@ -80,7 +81,7 @@ impl State {
             .collect();
         for (id, node) in revoked {
             self.credentials.remove(&id);
-            if let Some(n) = self.nodes.get_mut(&node) {
+            if let Some(n) = self.nodes.get_mut(&node).map(Arc::make_mut) {
                 n.credential_ids.retain(|c| *c != id);
             }
         }
@@ -135,7 +136,7 @@ impl State {
             .map(|n| n.node_id.clone())
             .collect();
         for id in retired {
-            if let Some(n) = self.nodes.get_mut(&id) {
+            if let Some(n) = self.nodes.get_mut(&id).map(Arc::make_mut) {
                 let drop = n.history.len() - DECOMMISSIONED_HISTORY;
                 n.history.drain(..drop);
             }

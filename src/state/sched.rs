@@ -14,6 +14,7 @@
 use imbl::OrdMap;
 use imbl::OrdSet;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -228,7 +229,7 @@ impl State {
             self.sched.by_key.insert(k.clone(), allocation_id.clone());
         }
         self.sched.allocations.insert(allocation_id.clone(), a);
-        if let Some(n) = self.nodes.get_mut(node_id) {
+        if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
             push_history(
                 n,
                 now,
@@ -251,7 +252,7 @@ impl State {
         if let Some(k) = &a.idempotency_key {
             self.sched.by_key.remove(k);
         }
-        if let Some(n) = self.nodes.get_mut(&a.node_id) {
+        if let Some(n) = self.nodes.get_mut(&a.node_id).map(Arc::make_mut) {
             push_history(
                 n,
                 now,
@@ -299,7 +300,7 @@ impl State {
             } else if let Some(a) = self.sched.allocations.get_mut(&id) {
                 a.confirmed = true;
                 confirmed.push(id.clone());
-                if let Some(n) = self.nodes.get_mut(node_id) {
+                if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
                     push_history(
                         n,
                         now,
@@ -311,7 +312,7 @@ impl State {
         }
         let external = self.sched.busy_outside(node_id, busy);
         if external != self.sched.recorded_busy_outside(node_id) {
-            if let Some(n) = self.nodes.get_mut(node_id) {
+            if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
                 let list: Vec<&str> = external.iter().map(String::as_str).collect();
                 push_history(
                     n,
@@ -342,7 +343,7 @@ impl State {
         smoke_id: &SmokeId,
         node_id: &NodeId,
     ) -> ApplyResult {
-        let Some(node) = self.nodes.get_mut(node_id) else {
+        let Some(node) = self.nodes.get_mut(node_id).map(Arc::make_mut) else {
             return Err(Refusal::new(RefusalCode::NodeNotFound));
         };
         if node.decommissioned_at_ms.is_some() {
@@ -397,7 +398,7 @@ impl State {
         if passed {
             self.sched.smoke_required.remove(node_id);
         }
-        if let Some(n) = self.nodes.get_mut(node_id) {
+        if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
             let failed: Vec<&str> = checks
                 .iter()
                 .filter(|c| !c.ok)

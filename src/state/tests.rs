@@ -7,6 +7,7 @@ use modelforge_proto::ids::HistoryKind;
 use modelforge_proto::ids::NodeId;
 use modelforge_proto::ids::TokenId;
 use modelforge_proto::wire::Inventory;
+use std::sync::Arc;
 
 fn env(id: &str, now: i64, command: Command) -> Envelope {
     Envelope {
@@ -336,7 +337,7 @@ fn history_is_bounded_and_coalesced() {
     let mut s = State::default();
     create(&mut s, "t1", 1000);
     enroll(&mut s, "r1", 1001, "t1", "keyA", "nA", "c1").unwrap();
-    let node = s.nodes.get_mut("nA").unwrap();
+    let node = s.nodes.get_mut("nA").map(Arc::make_mut).unwrap();
     for i in 0..1000 {
         push_history(node, 2000 + i, HistoryKind::RequestRefused, "401".into());
     }
@@ -407,6 +408,107 @@ fn snapshot_round_trip_preserves_digest() {
     let back: State = modelforge_raft::codec::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.digest(), s.digest());
+}
+
+/// The compact in-memory forms (values behind `Arc`, hostname claimants as a sorted `Vec`,
+/// interned inventory strings) encode byte for byte as the std types they replaced, so older
+/// snapshots and backups decode the same (ARCHITECTURE.md, "Bounded state").
+#[test]
+fn the_compact_forms_encode_as_the_types_they_replaced() {
+    use modelforge_raft::codec::decode;
+    use modelforge_raft::codec::encode;
+    use std::collections::BTreeMap;
+    let mut s = two_nodes_one_hostname();
+    let mut inv = inventory_with(&["G1", "G2"]);
+    for (i, a) in inv.accelerators.iter_mut().enumerate() {
+        a.mig_mode = Some("disabled".into());
+        a.compute_capability = Some("9.0".into());
+        a.pci_bus_id = Some(format!("00000000:1{i}:00.0"));
+    }
+    inv.driver_version = Some("550.54.15".into());
+    inv.nvml = Some("ok".into());
+    Arc::make_mut(s.nodes.get_mut("nA").unwrap()).inventory = inv.clone();
+    assert_eq!(s.enabled_by_hostname["gpu-1"].iter().count(), 2);
+
+    let std_nodes: BTreeMap<NodeId, Node> = s
+        .nodes
+        .iter()
+        .map(|(k, v)| (k.clone(), (**v).clone()))
+        .collect();
+    assert_eq!(encode(&s.nodes).unwrap(), encode(&std_nodes).unwrap());
+    let std_index: BTreeMap<String, BTreeSet<NodeId>> = s
+        .enabled_by_hostname
+        .iter()
+        .map(|(h, ids)| (h.clone(), ids.iter().cloned().collect()))
+        .collect();
+    let old_index = encode(&std_index).unwrap();
+    assert_eq!(encode(&s.enabled_by_hostname).unwrap(), old_index);
+    let back: OrdMap<String, Claimants> = decode(&old_index).unwrap();
+    assert_eq!(back, s.enabled_by_hostname);
+
+    // The inventory as it was declared before its strings were shared.
+    #[derive(serde::Serialize)]
+    struct OldAccelerator {
+        uuid: String,
+        name: String,
+        memory_total_mib: Option<u64>,
+        pci_bus_id: Option<String>,
+        index: Option<u32>,
+        mig_mode: Option<String>,
+        power_limit_w: Option<u64>,
+        compute_capability: Option<String>,
+    }
+    #[derive(serde::Serialize)]
+    struct OldInventory {
+        accelerators: Vec<OldAccelerator>,
+        storage_roots: Vec<modelforge_proto::wire::StorageRoot>,
+        driver_version: Option<String>,
+        cuda_version: Option<String>,
+        nvml: Option<String>,
+    }
+    let text = |s: &Option<modelforge_proto::intern::Shared>| s.as_deref().map(str::to_string);
+    let old = OldInventory {
+        accelerators: inv
+            .accelerators
+            .iter()
+            .map(|a| OldAccelerator {
+                uuid: a.uuid.clone(),
+                name: a.name.to_string(),
+                memory_total_mib: a.memory_total_mib,
+                pci_bus_id: a.pci_bus_id.clone(),
+                index: a.index,
+                mig_mode: text(&a.mig_mode),
+                power_limit_w: a.power_limit_w,
+                compute_capability: text(&a.compute_capability),
+            })
+            .collect(),
+        storage_roots: inv.storage_roots.clone(),
+        driver_version: text(&inv.driver_version),
+        cuda_version: text(&inv.cuda_version),
+        nvml: text(&inv.nvml),
+    };
+    let old_bytes = encode(&old).unwrap();
+    assert_eq!(encode(&inv).unwrap(), old_bytes);
+    let back: Inventory = decode(&old_bytes).unwrap();
+    assert_eq!(back, inv);
+    // Decoded twice, the fleet-wide strings are one allocation.
+    let again: Inventory = decode(&old_bytes).unwrap();
+    assert!(modelforge_proto::intern::Shared::same_allocation(
+        &back.accelerators[0].name,
+        &again.accelerators[1].name
+    ));
+}
+
+/// Claimants decoded from damaged input (out of order, repeated) come out sorted and unique:
+/// the lookups and the hostname invariant rely on the order.
+#[test]
+fn hostname_claimants_decode_sorted_and_unique() {
+    let bytes = modelforge_raft::codec::encode(&vec!["nB", "nA", "nB"]).unwrap();
+    let c: Claimants = modelforge_raft::codec::decode(&bytes).unwrap();
+    assert_eq!(
+        c.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
+        ["nA", "nB"]
+    );
 }
 
 fn preview(s: &mut State, req: &str, now: i64, id: &str, node: &str) -> ApplyResult {
@@ -675,7 +777,7 @@ fn a_gpu_is_never_allocated_twice_and_an_idempotency_key_returns_the_first_answe
     let mut s = State::default();
     create(&mut s, "t1", 1_000);
     enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory = inventory_with(&["G1", "G2"]);
     let first = allocate(&mut s, "a1", "n1", &["G1"], Some("key")).unwrap();
     // A placement racing for G1 is refused; the same key returns the first allocation.
     let r = allocate(&mut s, "a2", "n1", &["G1"], None).unwrap_err();
@@ -703,7 +805,8 @@ fn reconcile_confirms_busy_releases_vanished_and_idle_and_marks_unscheduled_use(
     let mut s = State::default();
     create(&mut s, "t1", 1_000);
     enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2", "G3", "G4"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory =
+        inventory_with(&["G1", "G2", "G3", "G4"]);
     for (id, g) in [("a1", "G1"), ("a2", "G2"), ("a3", "G3")] {
         allocate(&mut s, id, "n1", &[g], None).unwrap();
     }
@@ -745,7 +848,7 @@ fn decommission_releases_the_nodes_allocations_journals_it_and_nothing_is_placed
     let mut s = State::default();
     create(&mut s, "t1", 1_000);
     enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
     let Outcome::DecommissionPreviewed { preview: p } =
         preview(&mut s, "p0", 2_000, "pv0", "n1").unwrap()
@@ -834,7 +937,7 @@ fn an_idempotency_key_reused_with_another_body_is_refused_and_keeps_its_first_an
     // An allocation's key is kept as long as the allocation, beyond the request-id table.
     create(&mut s, "t2", 1_000);
     enroll(&mut s, "e1", 1_000, "t2", "k1", "n1", "c1").unwrap();
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], Some("idem-k2.x1")).unwrap();
     s.dedup.clear();
     s.dedup_order.clear();
@@ -968,7 +1071,7 @@ fn a_decommission_reapplied_from_the_journal_ends_where_executing_it_did() {
     create(&mut s, "t2", 1_002);
     enroll(&mut s, "e2", 1_003, "t2", "k1", "n1", "c2").unwrap();
     assert!(s.sched.smoke_required.contains("n1"));
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], Some("idem-k.1")).unwrap();
     let backup = s.clone();
 
@@ -1328,7 +1431,7 @@ fn a_failed_gpu_is_cordoned_sticky_and_marks_its_allocation_until_an_operator_cl
     let mut s = State::default();
     create(&mut s, "t1", 1_000);
     enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
     let gpu_history = |s: &State| {
         s.nodes["n1"]
@@ -1413,7 +1516,7 @@ fn a_cordoned_node_takes_no_placement_and_a_drain_releases_its_allocations_marke
     let mut s = State::default();
     create(&mut s, "t1", 1_000);
     enroll(&mut s, "e1", 1_000, "t1", "k1", "n1", "c1").unwrap();
-    s.nodes.get_mut("n1").unwrap().inventory = inventory_with(&["G1", "G2"]);
+    s.nodes.get_mut("n1").map(Arc::make_mut).unwrap().inventory = inventory_with(&["G1", "G2"]);
     allocate(&mut s, "a1", "n1", &["G1"], None).unwrap();
     let cordon = |drain| Command::Cordon {
         node_id: "n1".into(),

@@ -39,10 +39,13 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
     b.kill(old);
     let survivors: Vec<String> = (0..3).filter(|i| *i != old).map(|i| b.url(i)).collect();
     let mut k = 0;
+    // Each write attempt: (ms after the kill it was sent, answered, survivor, what it got).
+    let mut write_attempts: Vec<(f64, f64, usize, String)> = vec![];
     let write_ms = loop {
         let u = &survivors[k % survivors.len()];
         k += 1;
-        let ok = http
+        let sent = ms(killed_at.elapsed());
+        let got = http
             .delete(format!(
                 "{u}/api/v1/admin/hardware/nodes/{}/credential",
                 canary.node_id
@@ -50,8 +53,24 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
             .bearer_auth(ADMIN)
             .timeout(Duration::from_secs(2))
             .send()
-            .await
-            .is_ok_and(|r| r.status() == 200);
+            .await;
+        let (ok, what) = match got {
+            Ok(r) if r.status() == 200 => (true, "200".to_string()),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                let code = body["error"]["code"].as_str().unwrap_or("no error body");
+                (false, format!("{status} {code}"))
+            }
+            Err(e) if e.is_timeout() => (false, "timed out".into()),
+            Err(_) => (false, "no answer".into()),
+        };
+        write_attempts.push((
+            sent,
+            ms(killed_at.elapsed()),
+            (k - 1) % survivors.len(),
+            what,
+        ));
         if ok {
             break ms(killed_at.elapsed());
         }
@@ -139,7 +158,7 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
                "p50_back_ms": ms(back.get(back.len() / 2).copied().unwrap_or_default()),
                "never_back": never, "unanswered_or_refused": refused_after,
                "refused_by_status": refusals, "attempts_refused": attempts_refused, "slowest_agent_after_kill": slowest.1,
-               "argon2_verifies_on_survivors": new_verifies}),
+               "argon2_verifies_on_survivors": new_verifies, "write_attempts": write_attempts}),
     );
     old
 }

@@ -310,8 +310,8 @@ pub struct ServeArgs {
     /// Raft heartbeat interval.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub raft_heartbeat: Duration,
-    /// Raft election timeout, lower bound (the upper bound, and the leader lease, are 1.4 times
-    /// this): a dead leader is replaced about 2-2.8 times this after its last heartbeat.
+    /// Raft election timeout, lower bound (the upper bound is twice this).
+    /// The leader lease is the upper bound: a dead leader is replaced after about 2-3 times this.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub raft_election_timeout: Duration,
     /// Take a snapshot every this many log entries.
@@ -510,7 +510,7 @@ impl ServeArgs {
             tuning: modelforge_raft::RaftTuning {
                 heartbeat_interval_ms: self.raft_heartbeat.as_millis() as u64,
                 election_timeout_min_ms: election,
-                election_timeout_max_ms: (election * 7 / 5).max(election + 1),
+                election_timeout_max_ms: election * 2,
                 snapshot_every_logs: self.snapshot_every,
                 logs_kept_after_snapshot: self.snapshot_keep_logs,
             },

@@ -21,11 +21,20 @@ pub use modelforge_devkit::free_port;
 
 /// Resident set size of a process, in MiB.
 pub fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// The process's peak RSS since it started (`VmHWM`), in MiB.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+fn status_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map(|kib| kib / 1024.0)
@@ -150,6 +159,13 @@ impl Cluster {
     pub fn rss(&self) -> Vec<f64> {
         (0..self.members.len())
             .map(|i| self.pid(i).map(rss_mib).unwrap_or(0.0))
+            .collect()
+    }
+
+    /// Each member's peak RSS since it started (`VmHWM`).
+    pub fn peak_rss(&self) -> Vec<f64> {
+        (0..self.members.len())
+            .map(|i| self.pid(i).map(peak_rss_mib).unwrap_or(0.0))
             .collect()
     }
 

@@ -176,13 +176,22 @@ async fn main() {
     let args = parse_args();
     let p = args.profile;
     let dir = tempfile::tempdir().expect("temp dir");
+    // `MF_BENCH_KEEP=1` keeps the members' data dirs and logs after the run (the path is
+    // printed), to read what the members logged (elections, sheds) during a scenario.
+    let (dir_path, dir) = if std::env::var_os("MF_BENCH_KEEP").is_some() {
+        let kept = dir.keep();
+        println!("members' data dirs and logs are kept in {}", kept.display());
+        (kept, None)
+    } else {
+        (dir.path().to_path_buf(), Some(dir))
+    };
     let bin = server_bin(&args);
     // Members speak TLS with the harness CA; the load client trusts it.
     modelforge_devkit::ca(&bin);
     let mut b = Bench {
         p,
         http: load::client(),
-        dir: dir.path().to_path_buf(),
+        dir: dir_path,
         bin,
         r: Report::default(),
     };

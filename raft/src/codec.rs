@@ -59,7 +59,17 @@ fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(
 
 /// Encode `value` behind the format version byte.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
-    let mut out = vec![FORMAT_VERSION];
+    encode_reserving(value, 0)
+}
+
+/// [`encode`] into a buffer that reserves `capacity` bytes up front (the expected size of a
+/// large value: its buffer then grows without doubling past it).
+pub fn encode_reserving<T: Serialize + ?Sized>(
+    value: &T,
+    capacity: usize,
+) -> Result<Vec<u8>, CodecError> {
+    let mut out = Vec::with_capacity(capacity.max(1));
+    out.push(FORMAT_VERSION);
     bincode::serde::encode_into_std_write(value, &mut out, config())
         .map_err(|e| CodecError::Encode(e.to_string()))?;
     Ok(out)

@@ -100,7 +100,7 @@ impl Default for RaftTuning {
         Self {
             heartbeat_interval_ms: 50,
             election_timeout_min_ms: 250,
-            election_timeout_max_ms: 350,
+            election_timeout_max_ms: 500,
             snapshot_every_logs: 5000,
             logs_kept_after_snapshot: 5000,
         }

@@ -38,6 +38,28 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
     let killed_at = Instant::now();
     b.kill(old);
     let survivors: Vec<String> = (0..3).filter(|i| *i != old).map(|i| b.url(i)).collect();
+    // When a survivor first says it leads (ms after the kill, its id and term), polled every
+    // 20 ms while the write below is tried: the election's share of the write's time.
+    let leader_seen = {
+        let (h, us) = (http.clone(), survivors.clone());
+        tokio::spawn(async move {
+            loop {
+                for u in &us {
+                    let view =
+                        modelforge_devkit::cluster_view(&h, u, ADMIN, Duration::from_secs(1));
+                    if let Some(v) = view.await
+                        && v.state == "Leader"
+                    {
+                        return Some((ms(killed_at.elapsed()), v.id, v.term));
+                    }
+                }
+                if killed_at.elapsed() > Duration::from_secs(30) {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     let mut k = 0;
     // Each write attempt: (ms after the kill it was sent, answered, survivor, what it got).
     let mut write_attempts: Vec<(f64, f64, usize, String)> = vec![];
@@ -80,6 +102,7 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    let leader_seen = leader_seen.await.ok().flatten();
     let traces = run.await.expect("agents");
     // Every attempt's refusal from the kill on (an agent's pass tries each member once).
     load::count_refusals(false);
@@ -158,7 +181,7 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, one: f64) -> usize {
                "p50_back_ms": ms(back.get(back.len() / 2).copied().unwrap_or_default()),
                "never_back": never, "unanswered_or_refused": refused_after,
                "refused_by_status": refusals, "attempts_refused": attempts_refused, "slowest_agent_after_kill": slowest.1,
-               "argon2_verifies_on_survivors": new_verifies, "write_attempts": write_attempts}),
+               "argon2_verifies_on_survivors": new_verifies, "write_attempts": write_attempts, "leader_seen": leader_seen}),
     );
     old
 }

@@ -239,16 +239,29 @@ pub async fn run(bench: &mut Bench) {
     let generator: Vec<usize> = (0..cpus - 1).collect();
     pin_self(Some(&generator));
 
-    // Capacity, closed-loop: 48 loops, below the member's admission limit (64 per CPU).
-    let cap = {
+    // Capacity, closed-loop: 48 loops, below the member's admission limit (64 per CPU). A
+    // window in which nothing was answered 200 (a member starved of its one CPU by the rest of
+    // a loaded machine) is measured again, at most twice, instead of offering 0/s.
+    let mut tries = 0;
+    let cap = loop {
+        tries += 1;
         let (h, u, a) = (http.clone(), url.clone(), agents.clone());
-        load::drive(48, p.dur, move |_, n| {
+        let cap = load::drive(48, p.dur, move |_, n| {
             let (h, u, a) = (h.clone(), u.clone(), a.clone());
             async move { load::heartbeat(&h, &u, &a[n % a.len()]).await == Some(200) }
         })
-        .await
+        .await;
+        if cap.rate() > 0.0 || tries == 3 {
+            break cap;
+        }
+        println!("flood: no heartbeat answered 200 while measuring capacity; measuring again");
     };
     let capacity = cap.rate();
+    assert!(
+        capacity > 0.0,
+        "flood: no heartbeat was answered 200 in three capacity windows: {}",
+        cap.json()
+    );
 
     // The flood: every agent at its own interval, twice the capacity in all.
     let offered = 2.0 * capacity;

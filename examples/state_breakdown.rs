@@ -76,6 +76,34 @@ fn main() {
             std::mem::size_of::<modelforge::state::HistoryEvent>()
         );
     }
+    // What a member holds after loading a snapshot of this state: decoded plainly (every
+    // occurrence of an id its own copy) and as a member decodes it (ids shared while decoding,
+    // request ids shared afterwards).
+    let bytes = modelforge_raft::codec::encode(&s).expect("encode");
+    for sharing in [false, true] {
+        let before = LIVE.load(Relaxed);
+        let copy: State = if sharing {
+            let mut c = modelforge_proto::ids::decode_sharing(|| {
+                modelforge_raft::codec::decode::<State>(&bytes).expect("decode")
+            });
+            c.share_request_ids();
+            c
+        } else {
+            modelforge_raft::codec::decode(&bytes).expect("decode")
+        };
+        let held = LIVE.load(Relaxed) - before;
+        println!(
+            "decoded from a snapshot{}: {:.0} B/node",
+            if sharing {
+                " as a member does"
+            } else {
+                " plainly"
+            },
+            per(held)
+        );
+        drop(copy);
+    }
+    drop(bytes);
     let mut measure = |name: &str, f: &mut dyn FnMut(&mut State)| {
         let before = LIVE.load(Relaxed);
         f(&mut s);

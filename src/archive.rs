@@ -18,8 +18,6 @@ use std::sync::Mutex;
 
 use crate::state::AuditBase;
 use crate::state::AuditEvent;
-use crate::state::GENESIS;
-use crate::state::audit_hash;
 
 /// The archive's file inside a data dir.
 pub const FILE: &str = "audit/archive.jsonl";
@@ -38,7 +36,7 @@ struct Writer {
 
 /// Whether `ev` continues a chain whose last event is `tip`.
 fn continues(tip: &AuditBase, ev: &AuditEvent) -> bool {
-    ev.seq == tip.count + 1 && ev.prev_hash == tip.head && audit_hash(ev) == ev.hash
+    ev.seq == tip.count + 1 && ev.prev_hash == tip.head && ev.chain_hash() == ev.hash
 }
 
 fn line_of(ev: &AuditEvent) -> Vec<u8> {
@@ -112,7 +110,7 @@ impl Archive {
             bytes.extend(line_of(ev));
             tip = AuditBase {
                 count: ev.seq,
-                head: ev.hash.clone(),
+                head: ev.hash,
             };
         }
         if bytes.is_empty() {
@@ -312,10 +310,7 @@ pub fn copy_prefix(src_dir: &Path, dst_dir: &Path, base: &AuditBase) -> std::io:
 /// excluded) or Err(the first seq that breaks the chain).
 fn scan(file: std::fs::File) -> std::io::Result<(AuditBase, Result<u64, u64>)> {
     let mut reader = std::io::BufReader::new(file);
-    let mut tip = AuditBase {
-        count: 0,
-        head: GENESIS.to_string(),
-    };
+    let mut tip = AuditBase::default();
     let mut good = 0u64;
     let mut line = vec![];
     loop {
@@ -372,7 +367,7 @@ mod tests {
     fn base_of(ev: &AuditEvent) -> AuditBase {
         AuditBase {
             count: ev.seq,
-            head: ev.hash.clone(),
+            head: ev.hash,
         }
     }
 
@@ -460,12 +455,12 @@ mod tests {
 
         // A forged trail: self-consistent from the tip, but it cannot end at the real head.
         let mut forged = t.clone();
-        let mut prev = t[1].hash.clone();
+        let mut prev = t[1].hash;
         for ev in &mut forged[2..] {
             ev.actor = "mallory".into();
-            ev.prev_hash = prev.clone();
-            ev.hash = audit_hash(ev);
-            prev = ev.hash.clone();
+            ev.prev_hash = prev;
+            ev.hash = ev.chain_hash();
+            prev = ev.hash;
         }
         let dir = tempfile::tempdir().unwrap();
         let a = Archive::open(dir.path()).unwrap();
@@ -497,7 +492,7 @@ mod tests {
         Archive::open(old.path()).unwrap().append(&t).unwrap();
         let fresh = tempfile::tempdir().unwrap();
         let mut wrong = base_of(&t[3]);
-        wrong.head = "e".repeat(64);
+        wrong.head = crate::state::ChainHash([0xee; 32]);
         assert!(!copy_prefix(old.path(), fresh.path(), &wrong).unwrap());
         assert!(!fresh.path().join(FILE).exists());
         assert!(copy_prefix(old.path(), fresh.path(), &base_of(&t[3])).unwrap());

@@ -9,6 +9,7 @@ use modelforge_proto::api;
 use modelforge_proto::identity::IdentityKey;
 use modelforge_proto::wire::EnrollResponse;
 use serde_json::json;
+use std::time::Duration;
 
 /// Heartbeat from every agent through whichever member answers; true if all got 200.
 async fn all_heartbeat_ok(urls: &[String], nodes: &[(String, String)]) -> bool {
@@ -155,6 +156,38 @@ async fn a_single_member_restarted_keeps_its_state() {
     c.start_member(1);
     c.wait_ready().await;
     assert_eq!(c.heartbeat_all(&nid, &cred).await, vec![200]);
+}
+
+/// An agent whose heartbeat was not delivered (its only member down) sends it again within
+/// seconds of the member's return, not at its next interval: with a 10-minute interval, the
+/// restarted member (which holds no telemetry until a heartbeat arrives) sees one long before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undelivered_heartbeat_is_sent_again_within_seconds_not_an_interval_later() {
+    let mut c = Cluster::start(1).await;
+    let t = c.new_token(600).await;
+    let mut a = Agent::new(c.root(), "patient", c.urls()).interval("10m");
+    a.start(Some(&t));
+    let (nid, _) = a.wait_enrolled(None).await;
+    a.stop();
+    c.kill9(1);
+    // Started again while its member is down: the first heartbeat is not delivered.
+    a.start(None);
+    let log = c.root().join("agent-patient.log");
+    wait_until("the agent to miss a heartbeat", WAIT, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("heartbeat not delivered").then_some(())
+    })
+    .await;
+    c.start_member(1);
+    c.wait_ready().await;
+    let back = std::time::Instant::now();
+    while c.node(&nid).await.telemetry_at.is_none() {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "no heartbeat 30 s after the member's return (the interval is 10 minutes)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A captured enrolment request replayed byte for byte (the same identity proof) claims

@@ -84,6 +84,14 @@ fn jitter(up_to: Duration) -> Duration {
     up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
 }
 
+/// How long an agent waits before sending again a heartbeat that was not delivered: the
+/// member's `Retry-After` (a second when it gave none) plus a random part of as long again, so
+/// that a fleet shed at once comes back spread over that window.
+fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
+    let base = retry_after.unwrap_or(Duration::from_secs(1));
+    base + jitter(base)
+}
+
 /// An enrolment token: redacted from `Debug`, zeroed when dropped.
 #[derive(Clone)]
 struct Token(secrecy::SecretString);
@@ -365,16 +373,14 @@ impl Agent {
                     tracing::warn!(status = s, code, message = m, "heartbeat refused")
                 }
                 Reply::Unavailable(why) => {
-                    tracing::warn!(reason = %why, "heartbeat not delivered");
-                    // Shed, overloaded or unreachable: wait a random part of an interval more
-                    // before the next one, so that a fleet shed at once does not come back at
-                    // once; a member that said when to come back (`Retry-After`) is not asked
-                    // before then, plus up to as long again.
-                    let wait = match self.cp.0.take_retry_after() {
-                        Some(after) => after + jitter(after.max(self.args.heartbeat_interval)),
-                        None => jitter(self.args.heartbeat_interval),
-                    };
+                    // Shed, overloaded, no leader or unreachable: sent again once the member's
+                    // `Retry-After` (or a second) and a random part of as long again have
+                    // passed, and the interval starts over from there (ARCHITECTURE.md, "The
+                    // HTTP edge").
+                    let wait = redelivery_wait(self.cp.0.take_retry_after());
+                    tracing::warn!(reason = %why, again_in_ms = wait.as_millis() as u64, "heartbeat not delivered");
                     tokio::time::sleep(wait).await;
+                    tick.reset_immediately();
                 }
             }
         }
@@ -452,4 +458,28 @@ async fn main() {
         _ = int.recv() => 0,
     };
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An undelivered heartbeat goes again after the member's `Retry-After` (a second without
+    /// one) and at most as long again: never sooner, never an interval later.
+    #[test]
+    fn a_heartbeat_is_sent_again_after_retry_after_and_at_most_as_long_again() {
+        for (given, base) in [
+            (None, Duration::from_secs(1)),
+            (Some(Duration::from_secs(4)), Duration::from_secs(4)),
+        ] {
+            let waits: Vec<Duration> = (0..200).map(|_| redelivery_wait(given)).collect();
+            assert!(
+                waits.iter().all(|w| *w >= base && *w <= base * 2),
+                "{waits:?}"
+            );
+            // Spread, not one instant for the whole fleet.
+            let (lo, hi) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+            assert!(*hi - *lo > base / 2, "{lo:?}..{hi:?}");
+        }
+    }
 }

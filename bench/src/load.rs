@@ -304,6 +304,15 @@ pub async fn enrol(
 
 /// One heartbeat of `a` to `url`; the HTTP status, or None when nothing answered.
 pub async fn heartbeat(http: &reqwest::Client, url: &str, a: &SimAgent) -> Option<u16> {
+    heartbeat_answer(http, url, a).await.0
+}
+
+/// One heartbeat: its status (None: no answer) and the answer's `Retry-After`, if any.
+async fn heartbeat_answer(
+    http: &reqwest::Client,
+    url: &str,
+    a: &SimAgent,
+) -> (Option<u16>, Option<Duration>) {
     let resp = http
         .post(format!("{url}/api/v1/agent/nodes/{}/heartbeat", a.node_id))
         .bearer_auth(&a.credential)
@@ -316,15 +325,34 @@ pub async fn heartbeat(http: &reqwest::Client, url: &str, a: &SimAgent) -> Optio
         if counting {
             count_refusal("no answer".into());
         }
-        return None;
+        return (None, None);
     };
     let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .map(|s| Duration::from_secs(s.min(3600)));
     if status != 200 && counting {
         let body: serde_json::Value = resp.json().await.unwrap_or_default();
         let code = body["error"]["code"].as_str().unwrap_or("no error body");
         count_refusal(format!("{status} {code}"));
     }
-    Some(status)
+    (Some(status), retry_after)
+}
+
+/// Whether a pass's answer is one the agent takes for "not delivered" (no answer, or a
+/// member that cannot decide now: `modelforge_client::classify`).
+fn undelivered(status: Option<u16>) -> bool {
+    status.is_none_or(|s| matches!(s, 429 | 502 | 503 | 504))
+}
+
+/// The agent's wait before sending an undelivered heartbeat again (`redelivery_wait` in the
+/// agent): `Retry-After`, a second without one, plus a random part of as long again.
+fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
+    let base = retry_after.unwrap_or(Duration::from_secs(1));
+    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
+    base + base.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
 }
 
 /// Whether [`heartbeat`] counts its refusals (reading their bodies): only while a scenario
@@ -362,16 +390,16 @@ pub async fn agent_heartbeat(
     urls: &[String],
     current: &mut usize,
     a: &SimAgent,
-) -> Option<u16> {
-    let mut last = None;
+) -> (Option<u16>, Option<Duration>) {
+    let mut last = (None, None);
     for _ in 0..urls.len() {
-        let s = heartbeat(http, &urls[*current], a).await;
+        let (s, retry_after) = heartbeat_answer(http, &urls[*current], a).await;
         if let Some(code) = s
             && (code < 500 && code != 429)
         {
-            return Some(code);
+            return (Some(code), None);
         }
-        last = s.or(last);
+        last = (s.or(last.0), retry_after.or(last.1));
         *current = (*current + 1) % urls.len();
     }
     last
@@ -383,6 +411,8 @@ pub type Trace = Vec<(Instant, Instant, Option<u16>)>;
 /// Run every agent's heartbeat loop, open-loop: each agent sends at its own interval (first
 /// send spread uniformly over one interval) until `deadline`; at most `in_flight` requests are
 /// outstanding in all. Latency counts from the scheduled instant, so a backlog shows in it.
+/// Like the agent, a heartbeat that was not delivered goes again after the answer's
+/// `Retry-After` and up to as long again, and the agent's interval starts over from there.
 pub async fn run_agents(
     http: &reqwest::Client,
     urls: &[String],
@@ -406,10 +436,14 @@ pub async fn run_agents(
             while next < deadline {
                 tokio::time::sleep_until(next.into()).await;
                 let permit = gate.acquire().await.expect("gate");
-                let status = agent_heartbeat(&h, &urls, &mut current, a).await;
+                let (status, retry_after) = agent_heartbeat(&h, &urls, &mut current, a).await;
                 drop(permit);
                 trace.push((next, Instant::now(), status));
-                next += interval;
+                next = if undelivered(status) {
+                    Instant::now() + redelivery_wait(retry_after)
+                } else {
+                    next + interval
+                };
             }
             trace
         }));
@@ -436,7 +470,7 @@ pub async fn first_heartbeats(
                 let mut current = a.index % urls.len();
                 let mut last = None;
                 for _ in 0..10 {
-                    last = agent_heartbeat(&h, &urls, &mut current, a).await;
+                    last = agent_heartbeat(&h, &urls, &mut current, a).await.0;
                     if last == Some(200) {
                         break;
                     }

@@ -498,8 +498,9 @@ pub struct TelemetrySamples {
     pub samples: Vec<TelemetrySample>,
 }
 
-/// One audit event as the replicated state keeps it: each hashes the one before. Replicated
-/// (positional codec): no serde attributes.
+/// One audit event: each hashes the one before. The replicated state keeps it in a compact
+/// form that encodes exactly as this record (the server's `state::AuditEvent`), so this type's
+/// encoding is replicated too (positional codec): no serde attributes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct AuditRecord {
     pub seq: u64,

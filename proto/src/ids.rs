@@ -3,13 +3,19 @@
 //! - Ids ([`NodeId`], [`CredentialId`], [`TokenId`], [`AllocationId`], [`SmokeId`],
 //!   [`PreviewId`]) are opaque strings with a type each, so a credential id can never be passed
 //!   where a node id is expected. They serialize as the plain string (`#[serde(transparent)]`):
-//!   the JSON API and the replicated format are exactly what a `String` gave.
+//!   the JSON API and the replicated format are exactly what a `String` gave. The text is an
+//!   `Arc<str>`: a clone shares it, so the dozen places the replicated state names one node
+//!   (map keys, the node, its credential, the identity and hostname indexes, the request
+//!   table's answer) hold one copy of its id (ARCHITECTURE.md, "Bounded state").
 //! - Named states (`names!`) are enums whose wire form is their snake_case name in every format,
 //!   the replicated one included: reordering or adding variants never changes what was stored,
 //!   and an unknown name fails to decode instead of being mapped to something else.
 
 use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -54,23 +60,79 @@ pub fn names_schema<'a>(
         .into()
 }
 
+thread_local! {
+    /// The ids decoded so far by the [`decode_sharing`] running on this thread, if one is.
+    static DECODE_POOL: RefCell<Option<HashSet<Arc<str>>>> = const { RefCell::new(None) };
+}
+
+/// Run `decode` so that equal ids in what it decodes share one allocation, as they did in the
+/// state that was encoded (a snapshot's decode: without this, a member that loads one holds a
+/// copy of a node's id for every place that names it). The pool lives for this call only.
+pub fn decode_sharing<T>(decode: impl FnOnce() -> T) -> T {
+    struct Restore(Option<HashSet<Arc<str>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            DECODE_POOL.with(|p| *p.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(DECODE_POOL.with(|p| p.replace(Some(HashSet::new()))));
+    decode()
+}
+
+/// An id's text: the decode pool's copy while a [`decode_sharing`] runs, a fresh one otherwise.
+fn id_text(s: &str) -> Arc<str> {
+    DECODE_POOL.with(|p| match p.borrow_mut().as_mut() {
+        Some(pool) => match pool.get(s) {
+            Some(found) => found.clone(),
+            None => {
+                let fresh: Arc<str> = s.into();
+                pool.insert(fresh.clone());
+                fresh
+            }
+        },
+        None => s.into(),
+    })
+}
+
+/// Decodes an id's text without an intermediate `String`.
+struct IdText;
+
+impl serde::de::Visitor<'_> for IdText {
+    type Value = Arc<str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an id (a string)")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Arc<str>, E> {
+        Ok(id_text(s))
+    }
+}
+
 macro_rules! ids {
     ($($(#[$doc:meta])* $name:ident,)*) => {$(
         $(#[$doc])*
-        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
         #[serde(transparent)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_str(IdText).map(Self)
+            }
+        }
 
         impl $name {
             /// A fresh random id (a version-4 UUID).
             pub fn random() -> Self {
-                Self(crate::new_uuid())
+                Self(crate::new_uuid().into())
             }
 
             /// `s` as this id when it is tame ([`is_tame`]); ids from a path or a body go
             /// through here.
             pub fn parse(s: &str) -> Option<Self> {
-                is_tame(s).then(|| Self(s.to_string()))
+                is_tame(s).then(|| Self(s.into()))
             }
 
             pub fn as_str(&self) -> &str {
@@ -78,7 +140,12 @@ macro_rules! ids {
             }
 
             pub fn into_string(self) -> String {
-                self.0
+                self.0.to_string()
+            }
+
+            /// Whether `a` and `b` are one allocation (for tests of the sharing itself).
+            pub fn same_allocation(a: &Self, b: &Self) -> bool {
+                Arc::ptr_eq(&a.0, &b.0)
             }
         }
 
@@ -98,13 +165,13 @@ macro_rules! ids {
 
         impl From<String> for $name {
             fn from(s: String) -> Self {
-                Self(s)
+                Self(s.into())
             }
         }
 
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
-                Self(s.to_string())
+                Self(s.into())
             }
         }
 
@@ -134,37 +201,37 @@ macro_rules! ids {
 
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
-                self.0 == other
+                *self.0 == *other
             }
         }
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
-                self.0 == *other
+                *self.0 == **other
             }
         }
 
         impl PartialEq<String> for $name {
             fn eq(&self, other: &String) -> bool {
-                &self.0 == other
+                *self.0 == **other
             }
         }
 
         impl PartialEq<$name> for str {
             fn eq(&self, other: &$name) -> bool {
-                self == other.0
+                *self == *other.0
             }
         }
 
         impl PartialEq<$name> for &str {
             fn eq(&self, other: &$name) -> bool {
-                *self == other.0
+                **self == *other.0
             }
         }
 
         impl PartialEq<$name> for String {
             fn eq(&self, other: &$name) -> bool {
-                *self == other.0
+                **self == *other.0
             }
         }
     )*};

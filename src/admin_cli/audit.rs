@@ -4,8 +4,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::state::AuditEvent;
 use crate::state::audit_hash;
+use modelforge_proto::api::AuditRecord;
 
 /// The format tag of `modelforge admin audit export` files.
 pub const EXPORT_FORMAT: &str = "modelforge-audit-export-v1";
@@ -70,7 +70,7 @@ pub fn verify_events(events: &[Value]) -> Result<Verified, Broken> {
                 reason: "event has no readable time".into(),
             });
         };
-        let ev = AuditEvent {
+        let ev = AuditRecord {
             seq: w.seq,
             at_ms,
             actor: w.actor,

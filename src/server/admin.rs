@@ -763,7 +763,7 @@ pub async fn decommission_execute(
     {
         let s = ctx.app.read();
         // A retry of an answered execute gets its answer, even once the preview is gone.
-        if !s.dedup.contains_key(&rid) {
+        if !s.dedup.contains_key(rid.as_str()) {
             s.check_preview_target(&preview_id, &node_id)?;
         }
     }
@@ -863,12 +863,12 @@ pub async fn audit(
     };
     let wanted = move |e: &crate::state::AuditEvent| {
         e.seq > after
-            && q.node_id.as_ref().is_none_or(|n| &e.target == n)
+            && q.node_id.as_deref().is_none_or(|n| *e.target == *n)
             && since_ms.is_none_or(|t| e.at_ms >= t)
     };
     let view = |e: crate::state::AuditEvent| api::AuditEventView {
         at: rfc3339_ms(e.at_ms),
-        record: e,
+        record: e.record(),
     };
     // The archived events first (read from this member's file), then the live ones: the whole
     // trail from seq 1, so a client verifies it end to end. One more than the page, to know

@@ -24,7 +24,7 @@ impl State {
                 _ => &self.audit[n - 2].hash,
             };
             let seq = self.audit_base.count + n as u64;
-            if last.prev_hash != *prev || last.seq != seq || super::audit_hash(last) != last.hash {
+            if last.prev_hash != *prev || last.seq != seq || last.chain_hash() != last.hash {
                 return Err(format!("audit chain broken at event {n}"));
             }
         }

@@ -4,6 +4,9 @@
 //! Invariant (checked by `State::check`): `dedup` and `dedup_order` hold the same ids, and the
 //! order is by apply time.
 
+use std::borrow::Borrow;
+use std::sync::Arc;
+
 use modelforge_proto::api::ErrorCode as RefusalCode;
 
 use super::ApplyResult;
@@ -26,21 +29,43 @@ impl State {
     }
 
     /// Keep `result` as the answer to `request_id` (at the cap, it takes the oldest's place).
-    pub(super) fn remember(&mut self, now: i64, request_id: &str, result: &ApplyResult) {
+    pub(super) fn remember(&mut self, now: i64, request_id: Arc<str>, result: &ApplyResult) {
         if request_id.is_empty() {
             return;
         }
-        self.dedup
-            .insert(request_id.to_string(), (now, result.clone()));
-        self.dedup_order.push_back((now, request_id.to_string()));
+        self.dedup.insert(request_id.clone(), (now, result.clone()));
+        self.dedup_order.push_back((now, request_id));
         self.prune_dedup(now);
+    }
+
+    /// After a decode, make the request table's order and the audit events hold the table's
+    /// own copy of each request id (a decode gives each occurrence its own), as apply does.
+    pub fn share_request_ids(&mut self) {
+        let dedup = &self.dedup;
+        let share = |id: &mut Arc<str>| {
+            if let Some((key, _)) = dedup.get_key_value(&**id)
+                && !Arc::ptr_eq(key, id)
+            {
+                *id = key.clone();
+            }
+        };
+        for (_, id) in self.dedup_order.iter_mut() {
+            share(id);
+        }
+        for ev in self.audit.iter_mut() {
+            share(&mut ev.request_id);
+        }
     }
 }
 
 /// Whether `request_id` (`idem-<key part>.<request part>`, see `server::extract::request_id`)
 /// shares its key part with another request id in `table`: the same Idempotency-Key used for
 /// the same operation and target with a different body.
-pub fn idempotency_key_reused<V: Clone>(table: &imbl::OrdMap<String, V>, request_id: &str) -> bool {
+pub fn idempotency_key_reused<K, V>(table: &imbl::OrdMap<K, V>, request_id: &str) -> bool
+where
+    K: Ord + Clone + Borrow<str>,
+    V: Clone,
+{
     let Some(dot) = request_id.find('.') else {
         return false;
     };
@@ -49,12 +74,13 @@ pub fn idempotency_key_reused<V: Clone>(table: &imbl::OrdMap<String, V>, request
     }
     let prefix = &request_id[..=dot];
     table
-        .range::<_, String>((
-            std::ops::Bound::Included(prefix.to_string()),
+        .range::<_, str>((
+            std::ops::Bound::Included(prefix),
             std::ops::Bound::Unbounded,
         ))
-        .take_while(|(k, _)| k.starts_with(prefix))
-        .any(|(k, _)| k != request_id)
+        .map(|(k, _)| k.borrow())
+        .take_while(|k| k.starts_with(prefix))
+        .any(|k| k != request_id)
 }
 
 /// The refusal of an Idempotency-Key reused with another request body.

@@ -52,16 +52,6 @@ impl<'de> Deserialize<'de> for Claimants {
     }
 }
 
-impl FromIterator<NodeId> for Claimants {
-    fn from_iter<I: IntoIterator<Item = NodeId>>(ids: I) -> Self {
-        let mut c = Self::default();
-        for id in ids {
-            c.insert(id);
-        }
-        c
-    }
-}
-
 impl State {
     /// Enabled nodes claiming `hostname`, in id order.
     pub fn enabled_claimants(&self, hostname: &str) -> Vec<NodeId> {

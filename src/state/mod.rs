@@ -56,6 +56,7 @@ pub mod sched;
 
 pub use audit::AuditBase;
 pub use audit::AuditEvent;
+pub use audit::ChainHash;
 pub use audit::GENESIS;
 pub use audit::audit_hash;
 pub use audit::verify_audit_chain;
@@ -123,11 +124,12 @@ pub struct State {
     pub audit: Vector<AuditEvent>,
     /// How many events were archived, and the hash of the last: the chain's proof of them.
     pub audit_base: AuditBase,
-    /// request id -> (applied at, answer).
+    /// request id -> (applied at, answer). The id is one allocation shared by the map, its
+    /// order and the audit event of the request (`dedup::share_request_ids` after a decode).
     #[serde(deserialize_with = "persist::map")]
-    pub dedup: OrdMap<String, (i64, ApplyResult)>,
+    pub dedup: OrdMap<Arc<str>, (i64, ApplyResult)>,
     #[serde(deserialize_with = "persist::vector")]
-    pub dedup_order: Vector<(i64, String)>,
+    pub dedup_order: Vector<(i64, Arc<str>)>,
     /// Allocations, smokes, and what the scheduler must re-measure.
     pub sched: sched::Scheduling,
     /// Decommission previews by id (pruned by expiry in apply).
@@ -155,7 +157,7 @@ impl State {
         let now = self.clock_ms;
         self.prune_dedup(now);
         let archived = self.prune_on_the_hour(before);
-        if let Some((_, answer)) = self.dedup.get(&env.request_id) {
+        if let Some((_, answer)) = self.dedup.get(env.request_id.as_str()) {
             return Applied {
                 result: answer.clone(),
                 facts: Vec::new(),
@@ -164,6 +166,8 @@ impl State {
         }
         let mut facts = Vec::new();
         let reused = idempotency_key_reused(&self.dedup, &env.request_id);
+        // One allocation for the id, shared by the audit event and the request table.
+        let request_id: Arc<str> = Arc::from(env.request_id.as_str());
         let result = if reused {
             Err(key_reused())
         } else {
@@ -181,13 +185,13 @@ impl State {
                 env.command.action(),
                 &env.command.audit_target(&result),
                 outcome,
-                &env.request_id,
+                request_id.clone(),
                 env.command.reason(),
             );
         }
         // A reused key's refusal is not stored: the key keeps answering its first request.
         if !reused {
-            self.remember(now, &env.request_id, &result);
+            self.remember(now, request_id, &result);
         }
         #[cfg(debug_assertions)]
         if let Err(broken) = self.check_after_apply() {

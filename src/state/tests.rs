@@ -497,6 +497,140 @@ fn the_compact_forms_encode_as_the_types_they_replaced() {
         &back.accelerators[0].name,
         &again.accelerators[1].name
     ));
+
+    // The audit trail as the API's records (string hashes, owned strings), its base with a
+    // string head, and the request table keyed by `String`: what they replaced.
+    let _ = s.apply(
+        9,
+        &env(
+            "r-cancel",
+            1010,
+            Command::CancelToken {
+                token_id: "t9".into(),
+                reason: Some("why".into()),
+            },
+        ),
+    );
+    assert!(s.audit.iter().any(|e| e.reason.is_some()));
+    let records: Vec<modelforge_proto::api::AuditRecord> =
+        s.audit.iter().map(|e| e.record()).collect();
+    let old_audit = encode(&records).unwrap();
+    assert_eq!(encode(&s.audit).unwrap(), old_audit);
+    let back: imbl::Vector<AuditEvent> = decode(&old_audit).unwrap();
+    assert_eq!(back, s.audit);
+    assert_eq!(
+        serde_json::to_value(&s.audit[0]).unwrap(),
+        serde_json::to_value(&records[0]).unwrap()
+    );
+    #[derive(serde::Serialize)]
+    struct OldBase {
+        count: u64,
+        head: String,
+    }
+    let last = s.audit.last().unwrap().hash;
+    let base = crate::state::AuditBase {
+        count: 7,
+        head: last,
+    };
+    let old_base = OldBase {
+        count: 7,
+        head: last.to_string(),
+    };
+    assert_eq!(encode(&base).unwrap(), encode(&old_base).unwrap());
+    let std_dedup: BTreeMap<String, (i64, ApplyResult)> = s
+        .dedup
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    assert_eq!(encode(&s.dedup).unwrap(), encode(&std_dedup).unwrap());
+    let std_order: Vec<(i64, String)> = s
+        .dedup_order
+        .iter()
+        .map(|(at, id)| (*at, id.to_string()))
+        .collect();
+    assert_eq!(encode(&s.dedup_order).unwrap(), encode(&std_order).unwrap());
+}
+
+/// A chain hash reads only as 64 lowercase hex digits: another spelling of the same bytes
+/// would encode differently after a round trip, and anything else is not a hash.
+#[test]
+fn chain_hashes_decode_only_from_their_own_spelling() {
+    use crate::state::ChainHash;
+    let h = ChainHash([0xab; 32]);
+    let text = serde_json::to_string(&h).unwrap();
+    assert_eq!(text, format!("\"{}\"", "ab".repeat(32)));
+    assert_eq!(serde_json::from_str::<ChainHash>(&text).unwrap(), h);
+    for bad in [
+        "AB".repeat(32),
+        "ab".repeat(31),
+        "ab".repeat(33),
+        "zz".repeat(32),
+    ] {
+        let json = format!("\"{bad}\"");
+        assert!(serde_json::from_str::<ChainHash>(&json).is_err(), "{bad}");
+        let bytes = modelforge_raft::codec::encode(&bad).unwrap();
+        assert!(
+            modelforge_raft::codec::decode::<ChainHash>(&bytes).is_err(),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        ChainHash::GENESIS.to_string(),
+        crate::state::GENESIS,
+        "the default head is the genesis hash"
+    );
+}
+
+/// An id is one allocation wherever the state names it, after apply and after a snapshot's
+/// decode (`decode_sharing`); a plain decode gives each occurrence its own.
+#[test]
+fn a_nodes_id_is_one_allocation_wherever_the_state_names_it() {
+    let s = two_nodes_one_hostname();
+    let shared = |s: &State| {
+        let (key, node) = s.nodes.get_key_value("nA").expect("nA");
+        let cred = &s.credentials["cA"];
+        let indexed = s.identities.get("keyA").expect("identity");
+        NodeId::same_allocation(key, &node.node_id)
+            && NodeId::same_allocation(key, &cred.node_id)
+            && NodeId::same_allocation(key, indexed)
+            && CredentialId::same_allocation(&node.credential_ids[0], &cred.credential_id)
+    };
+    assert!(shared(&s));
+    let bytes = modelforge_raft::codec::encode(&s).unwrap();
+    let plain: State = modelforge_raft::codec::decode(&bytes).unwrap();
+    assert!(!shared(&plain));
+    let back: State = modelforge_proto::ids::decode_sharing(|| {
+        modelforge_raft::codec::decode::<State>(&bytes).unwrap()
+    });
+    assert!(shared(&back));
+    assert_eq!(back, s);
+    // The pool is gone with the call: ids decoded afterwards are fresh.
+    let one: NodeId = serde_json::from_str("\"nA\"").unwrap();
+    let two: NodeId = serde_json::from_str("\"nA\"").unwrap();
+    assert!(!NodeId::same_allocation(&one, &two));
+}
+
+/// Apply keeps one copy of a request id for the request table's map, its order and the audit
+/// event; a state decoded from a snapshot is brought back to that by `share_request_ids`.
+#[test]
+fn a_request_id_is_one_allocation_after_apply_and_after_a_decode() {
+    let s = two_nodes_one_hostname();
+    let shared = |s: &State| {
+        let (key, _) = s.dedup.get_key_value("r2").expect("r2 remembered");
+        let in_order = s.dedup_order.iter().find(|(_, id)| &**id == "r2").unwrap();
+        let in_audit = s.audit.iter().find(|e| &*e.request_id == "r2").unwrap();
+        Arc::ptr_eq(key, &in_order.1) && Arc::ptr_eq(key, &in_audit.request_id)
+    };
+    assert!(shared(&s));
+    let bytes = modelforge_raft::codec::encode(&s).unwrap();
+    let mut back: State = modelforge_raft::codec::decode(&bytes).unwrap();
+    assert!(
+        !shared(&back),
+        "a decode gives each occurrence its own copy"
+    );
+    back.share_request_ids();
+    assert!(shared(&back));
+    assert_eq!(back, s);
 }
 
 /// Claimants decoded from damaged input (out of order, repeated) come out sorted and unique:
@@ -613,7 +747,7 @@ fn decommission_preview_then_execute_revokes_disables_and_never_deletes() {
         .iter()
         .rev()
         .take(2)
-        .map(|e| (e.action.as_str(), e.target.as_str(), e.result.as_str()))
+        .map(|e| (e.action.as_str(), &*e.target, e.result.as_str()))
         .collect();
     assert_eq!(
         tail,
@@ -1034,11 +1168,8 @@ fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order
     s.apply(300_002, &touch("new-2", 2_000)).result.unwrap();
     assert_eq!(s.dedup.len(), DEDUP_MAX);
     assert!(!s.dedup.contains_key("r1"));
-    assert_eq!(s.dedup_order.front().map(|(_, id)| id.as_str()), Some("r2"));
-    assert_eq!(
-        s.dedup_order.back().map(|(_, id)| id.as_str()),
-        Some("new-2")
-    );
+    assert_eq!(s.dedup_order.front().map(|(_, id)| &**id), Some("r2"));
+    assert_eq!(s.dedup_order.back().map(|(_, id)| &**id), Some("new-2"));
     assert!(in_step(&s));
     // An evicted id is executed again, not answered from the table: the token exists now.
     let again = s.apply(300_003, &create).result.unwrap_err();
@@ -1051,7 +1182,7 @@ fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order
         .result
         .unwrap();
     assert_eq!(
-        s.dedup.keys().map(String::as_str).collect::<Vec<_>>(),
+        s.dedup.keys().map(|k| &**k).collect::<Vec<_>>(),
         vec!["late"]
     );
     assert!(in_step(&s));
@@ -1191,11 +1322,7 @@ fn operators_are_named_once_keep_only_a_hash_and_reasons_reach_the_audit_trail()
     assert!(s.operator_by_token_id("id1").is_none());
     let last = s.audit.last().unwrap();
     assert_eq!(
-        (
-            last.actor.as_str(),
-            last.action.as_str(),
-            last.reason.as_deref()
-        ),
+        (&*last.actor, last.action.as_str(), last.reason.as_deref()),
         ("root", "operator.delete", Some("left the team"))
     );
     s.check().unwrap();
@@ -1313,7 +1440,7 @@ fn old_audit_events_move_to_the_archive_and_the_chain_still_proves_the_whole_tra
     // In a new hour, but within the window of the first five: nothing archived yet.
     let late = 990 + RETENTION_MS;
     create(&mut s, "late", late);
-    let head_before = s.audit[4].hash.clone();
+    let head_before = s.audit[4].hash;
     // The first apply of a new hour, past the window of the first five.
     let later = late + PRUNE_EVERY_MS;
     let applied = s.apply(
@@ -1355,7 +1482,7 @@ fn old_audit_events_move_to_the_archive_and_the_chain_still_proves_the_whole_tra
     assert!(verify_audit_chain(&crate::state::AuditBase::default(), &s.audit).is_err());
     // A forged base breaks the live chain.
     let mut forged = s.clone();
-    forged.audit_base.head = "f".repeat(64);
+    forged.audit_base.head = crate::state::ChainHash([0xff; 32]);
     assert!(forged.check().is_err());
     // The same entries archive the same events on a replica.
     create(&mut replica, "late", late);
@@ -1552,7 +1679,12 @@ fn a_cordoned_node_takes_no_placement_and_a_drain_releases_its_allocations_marke
     let actions: Vec<_> = s
         .audit
         .iter()
-        .map(|e| (e.action.clone(), e.reason.clone()))
+        .map(|e| {
+            (
+                e.action.to_string(),
+                e.reason.as_deref().map(str::to_string),
+            )
+        })
         .collect();
     assert!(
         actions.contains(&("node.drain".into(), Some("maintenance".into()))),

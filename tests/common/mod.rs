@@ -789,6 +789,7 @@ pub struct Agent {
     pub hostname: String,
     urls: Vec<String>,
     gpus: String,
+    interval: String,
     /// How it trusts the cluster (default: `--ca-file` with the harness CA), and more flags.
     trust: Vec<String>,
     log: PathBuf,
@@ -802,6 +803,7 @@ impl Agent {
             hostname: format!("host-{name}"),
             urls,
             gpus: "simulated:2".into(),
+            interval: "300ms".into(),
             trust: vec!["--ca-file".into(), harness_ca().cert.display().to_string()],
             log: root.join(format!("agent-{name}.log")),
             child: None,
@@ -819,6 +821,12 @@ impl Agent {
         self
     }
 
+    /// The heartbeat interval (`--heartbeat-interval`; 300ms unless set).
+    pub fn interval(mut self, every: &str) -> Self {
+        self.interval = every.to_string();
+        self
+    }
+
     /// Start (or restart) with an optional token.
     pub fn start(&mut self, token: Option<&str>) {
         self.stop();
@@ -830,7 +838,7 @@ impl Agent {
             "--gpu-source".into(),
             self.gpus.clone(),
             "--heartbeat-interval".into(),
-            "300ms".into(),
+            self.interval.clone(),
             "--hostname".into(),
             self.hostname.clone(),
             "--enroll-timeout".into(),

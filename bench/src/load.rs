@@ -349,10 +349,15 @@ fn undelivered(status: Option<u16>) -> bool {
 
 /// The agent's wait before sending an undelivered heartbeat again (`redelivery_wait` in the
 /// agent): `Retry-After`, a second without one, plus a random part of as long again.
-fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
+pub fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
     let base = retry_after.unwrap_or(Duration::from_secs(1));
+    base + jitter(base)
+}
+
+/// A random part of `up_to`, as the agent draws its jitter.
+pub fn jitter(up_to: Duration) -> Duration {
     let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
-    base + base.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
 }
 
 /// Whether [`heartbeat`] counts its refusals (reading their bodies): only while a scenario

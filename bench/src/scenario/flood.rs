@@ -108,19 +108,14 @@ fn heartbeat_request(a: &SimAgent) -> Vec<u8> {
 /// (scheduled, written, answered, status) of one flood heartbeat.
 type Sent = (Instant, Instant, Instant, Option<u16>);
 
-/// A random part of `up_to`, as the agent draws its jitter.
-fn jitter(up_to: Duration) -> Duration {
-    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
-    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
-}
-
 /// Every agent heartbeats over its own [`RawConn`] (all opened first) at `interval` (first sends spread over one
 /// interval) until `deadline`, open-loop: a late answer delays only that agent's next send,
 /// and its latency counts from the scheduled instant. A failed connection is opened again for
 /// the next heartbeat. With `honour_retry_after`, an agent that is shed behaves as
-/// `modelforge-agent` does: its next heartbeat waits for the answer's `Retry-After` plus a
-/// random part of as long again (or of an interval, if longer); without it, the flood keeps
-/// its schedule whatever the member says (a fleet of broken or hostile clients).
+/// `modelforge-agent` does: it sends again after the answer's `Retry-After` plus a random part
+/// of as long again (`load::redelivery_wait`), and its interval starts over from there;
+/// without it, the flood keeps its schedule whatever the member says (a fleet of broken or
+/// hostile clients).
 async fn flood(
     addr: &str,
     agents: &[SimAgent],
@@ -169,8 +164,7 @@ async fn flood(
                 out.push((next, written, done, answer.map(|(s, _)| s)));
                 next += interval;
                 if let Some((_, Some(after))) = answer.filter(|_| honour_retry_after) {
-                    let after = Duration::from_secs(after);
-                    next = next.max(done + after + jitter(after.max(interval)));
+                    next = done + crate::load::redelivery_wait(Some(Duration::from_secs(after)));
                 }
             }
             out

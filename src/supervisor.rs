@@ -337,8 +337,8 @@ impl ShardState {
             .inner
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        // Every shard walks every node: the shard is decided from the map's key, which sits in
-        // the B-tree's leaf, so the other shards' nodes (behind their `Arc`) are never read.
+        // Every shard walks every node: the shard is decided from the map's key, so the other
+        // shards' nodes (behind their `Arc`) are never read.
         for (id, node) in s.nodes.iter() {
             if shard_of(id, self.shards) != self.index || node.decommissioned_at_ms.is_some() {
                 continue;

@@ -77,20 +77,7 @@ struct Args {
 }
 
 use modelforge_client::Answer as Reply;
-
-/// A random duration in `[0, up_to)`.
-fn jitter(up_to: Duration) -> Duration {
-    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
-    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
-}
-
-/// How long an agent waits before sending again a heartbeat that was not delivered: the
-/// member's `Retry-After` (a second when it gave none) plus a random part of as long again, so
-/// that a fleet shed at once comes back spread over that window.
-fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
-    let base = retry_after.unwrap_or(Duration::from_secs(1));
-    base + jitter(base)
-}
+use modelforge_client::redelivery_wait;
 
 /// An enrolment token: redacted from `Debug`, zeroed when dropped.
 #[derive(Clone)]
@@ -458,28 +445,4 @@ async fn main() {
         _ = int.recv() => 0,
     };
     std::process::exit(code);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An undelivered heartbeat goes again after the member's `Retry-After` (a second without
-    /// one) and at most as long again: never sooner, never an interval later.
-    #[test]
-    fn a_heartbeat_is_sent_again_after_retry_after_and_at_most_as_long_again() {
-        for (given, base) in [
-            (None, Duration::from_secs(1)),
-            (Some(Duration::from_secs(4)), Duration::from_secs(4)),
-        ] {
-            let waits: Vec<Duration> = (0..200).map(|_| redelivery_wait(given)).collect();
-            assert!(
-                waits.iter().all(|w| *w >= base && *w <= base * 2),
-                "{waits:?}"
-            );
-            // Spread, not one instant for the whole fleet.
-            let (lo, hi) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
-            assert!(*hi - *lo > base / 2, "{lo:?}..{hi:?}");
-        }
-    }
 }

@@ -342,22 +342,9 @@ async fn heartbeat_answer(
 }
 
 /// Whether a pass's answer is one the agent takes for "not delivered" (no answer, or a
-/// member that cannot decide now: `modelforge_client::classify`).
+/// member that cannot decide now).
 fn undelivered(status: Option<u16>) -> bool {
-    status.is_none_or(|s| matches!(s, 429 | 502 | 503 | 504))
-}
-
-/// The agent's wait before sending an undelivered heartbeat again (`redelivery_wait` in the
-/// agent): `Retry-After`, a second without one, plus a random part of as long again.
-pub fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
-    let base = retry_after.unwrap_or(Duration::from_secs(1));
-    base + jitter(base)
-}
-
-/// A random part of `up_to`, as the agent draws its jitter.
-pub fn jitter(up_to: Duration) -> Duration {
-    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
-    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+    status.is_none_or(modelforge_client::cannot_decide_now)
 }
 
 /// Whether [`heartbeat`] counts its refusals (reading their bodies): only while a scenario
@@ -445,7 +432,7 @@ pub async fn run_agents(
                 drop(permit);
                 trace.push((next, Instant::now(), status));
                 next = if undelivered(status) {
-                    Instant::now() + redelivery_wait(retry_after)
+                    Instant::now() + modelforge_client::redelivery_wait(retry_after)
                 } else {
                     next + interval
                 };

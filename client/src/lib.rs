@@ -35,6 +35,27 @@ pub struct Request<'a> {
     pub idempotency_key: Option<&'a str>,
 }
 
+/// Whether `status` says a member cannot decide now (shed, overloaded, no leader, a gateway
+/// failure): the request was not refused, and another member or a later try may take it.
+pub fn cannot_decide_now(status: u16) -> bool {
+    matches!(status, 429 | 502 | 503 | 504)
+}
+
+/// A random duration in `[0, up_to)`.
+pub fn jitter(up_to: Duration) -> Duration {
+    let r = u64::from_le_bytes(modelforge_proto::random_bytes::<8>());
+    up_to.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+}
+
+/// How long an agent waits before sending again a request that was not delivered (no member
+/// answered, or none could decide now): the member's `Retry-After` (a second when it gave
+/// none) plus a random part of as long again, so that a fleet shed at once comes back spread
+/// over that window (ARCHITECTURE.md, "The HTTP edge").
+pub fn redelivery_wait(retry_after: Option<Duration>) -> Duration {
+    let base = retry_after.unwrap_or(Duration::from_secs(1));
+    base + jitter(base)
+}
+
 /// An answer's status and body: the result, a refusal, or why to try the next member.
 pub fn classify(status: u16, body: Value, url: &str) -> Answer {
     if (200..300).contains(&status) {
@@ -46,7 +67,7 @@ pub fn classify(status: u16, body: Value, url: &str) -> Answer {
     };
     // A member's own refusal by its peers (`peer_unauthenticated`: removed, or not added yet)
     // says nothing of the client's credential: another member may take the request.
-    if matches!(status, 429 | 502 | 503 | 504) || code == "peer_unauthenticated" {
+    if cannot_decide_now(status) || code == "peer_unauthenticated" {
         Answer::Unavailable(format!("{url}: {status} {code}: {message}"))
     } else {
         Answer::Refused(status, code, message)
@@ -207,6 +228,27 @@ impl Failover {
 
 #[cfg(test)]
 mod tests {
+    /// An undelivered request goes again after the member's `Retry-After` (a second without
+    /// one) and at most as long again: never sooner, never an interval later.
+    #[test]
+    fn a_request_is_sent_again_after_retry_after_and_at_most_as_long_again() {
+        use super::redelivery_wait;
+        use std::time::Duration;
+        for (given, base) in [
+            (None, Duration::from_secs(1)),
+            (Some(Duration::from_secs(4)), Duration::from_secs(4)),
+        ] {
+            let waits: Vec<Duration> = (0..200).map(|_| redelivery_wait(given)).collect();
+            assert!(
+                waits.iter().all(|w| *w >= base && *w <= base * 2),
+                "{waits:?}"
+            );
+            // Spread, not one instant for the whole fleet.
+            let (lo, hi) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+            assert!(*hi - *lo > base / 2, "{lo:?}..{hi:?}");
+        }
+    }
+
     use super::*;
 
     /// The fake members' TLS: a self-signed certificate for 127.0.0.1 that the client trusts.

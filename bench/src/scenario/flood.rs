@@ -113,7 +113,7 @@ type Sent = (Instant, Instant, Instant, Option<u16>);
 /// and its latency counts from the scheduled instant. A failed connection is opened again for
 /// the next heartbeat. With `honour_retry_after`, an agent that is shed behaves as
 /// `modelforge-agent` does: it sends again after the answer's `Retry-After` plus a random part
-/// of as long again (`load::redelivery_wait`), and its interval starts over from there;
+/// of as long again (`modelforge_client::redelivery_wait`), and its interval starts over from there;
 /// without it, the flood keeps its schedule whatever the member says (a fleet of broken or
 /// hostile clients).
 async fn flood(
@@ -164,7 +164,8 @@ async fn flood(
                 out.push((next, written, done, answer.map(|(s, _)| s)));
                 next += interval;
                 if let Some((_, Some(after))) = answer.filter(|_| honour_retry_after) {
-                    next = done + crate::load::redelivery_wait(Some(Duration::from_secs(after)));
+                    next =
+                        done + modelforge_client::redelivery_wait(Some(Duration::from_secs(after)));
                 }
             }
             out

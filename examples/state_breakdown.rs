@@ -77,17 +77,14 @@ fn main() {
         );
     }
     // What a member holds after loading a snapshot of this state: decoded plainly (every
-    // occurrence of an id its own copy) and as a member decodes it (ids shared while decoding,
-    // request ids shared afterwards).
+    // occurrence of an id its own copy) and as a member decodes it (ids shared while decoding).
     let bytes = modelforge_raft::codec::encode(&s).expect("encode");
     for sharing in [false, true] {
         let before = LIVE.load(Relaxed);
         let copy: State = if sharing {
-            let mut c = modelforge_proto::ids::decode_sharing(|| {
+            modelforge_proto::ids::decode_sharing(|| {
                 modelforge_raft::codec::decode::<State>(&bytes).expect("decode")
-            });
-            c.share_request_ids();
-            c
+            })
         } else {
             modelforge_raft::codec::decode(&bytes).expect("decode")
         };

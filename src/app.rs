@@ -203,9 +203,7 @@ impl Application for Replicated {
     }
 
     fn restore(&self, data: &[u8]) -> std::io::Result<()> {
-        let mut state: State =
-            modelforge_proto::ids::decode_sharing(|| codec::decode::<State>(data))?;
-        state.share_request_ids();
+        let state: State = modelforge_proto::ids::decode_sharing(|| codec::decode::<State>(data))?;
         // A snapshot that decodes but breaks an invariant (a damaged file, a forged install)
         // is refused, loudly, never taken for the state.
         state.check().map_err(|broken| {

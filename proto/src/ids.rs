@@ -250,6 +250,10 @@ ids! {
     SmokeId,
     /// A decommission preview.
     PreviewId,
+    /// The id a write was proposed under (an envelope's `request_id`): the request table and
+    /// the audit trail name the request by it. Not tame (`idem-<key>.<part>`), never parsed
+    /// from a path; a type of its own so that it shares its text like the other ids.
+    RequestId,
 }
 
 /// Enums whose wire form (JSON and the replicated codec alike) is their snake_case name.

@@ -1,7 +1,6 @@
 //! The audit trail: one row per admin and enrolment action, each row hashing the one before.
 
 use std::fmt;
-use std::sync::Arc;
 
 use modelforge_proto::api::AuditRecord;
 use modelforge_proto::intern::Shared;
@@ -11,6 +10,7 @@ use serde::Serialize;
 use serde::Serializer;
 use sha2::Digest;
 
+use super::RequestId;
 use super::State;
 
 /// An audit row as the replicated state and the archive hold it: the API's [`AuditRecord`],
@@ -27,7 +27,7 @@ pub struct AuditEvent {
     pub action: Shared,
     pub target: Box<str>,
     pub result: Shared,
-    pub request_id: Arc<str>,
+    pub request_id: RequestId,
     pub log_index: u64,
     pub prev_hash: ChainHash,
     pub hash: ChainHash,
@@ -47,7 +47,7 @@ impl AuditEvent {
             action: &self.action,
             target: &self.target,
             result: &self.result,
-            request_id: &self.request_id,
+            request_id: self.request_id.as_str(),
             log_index: self.log_index,
             reason: self.reason.as_deref(),
         }))
@@ -123,7 +123,7 @@ impl State {
         action: &str,
         target: &str,
         result: &str,
-        request_id: Arc<str>,
+        request_id: RequestId,
         reason: Option<&str>,
     ) {
         let seq = self.audit_base.count + self.audit.len() as u64 + 1;

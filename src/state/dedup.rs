@@ -5,7 +5,6 @@
 //! order is by apply time.
 
 use std::borrow::Borrow;
-use std::sync::Arc;
 
 use modelforge_proto::api::ErrorCode as RefusalCode;
 
@@ -13,6 +12,7 @@ use super::ApplyResult;
 use super::DEDUP_MAX;
 use super::DEDUP_TTL_MS;
 use super::Refusal;
+use super::RequestId;
 use super::State;
 
 impl State {
@@ -29,32 +29,13 @@ impl State {
     }
 
     /// Keep `result` as the answer to `request_id` (at the cap, it takes the oldest's place).
-    pub(super) fn remember(&mut self, now: i64, request_id: Arc<str>, result: &ApplyResult) {
-        if request_id.is_empty() {
+    pub(super) fn remember(&mut self, now: i64, request_id: RequestId, result: &ApplyResult) {
+        if request_id.as_str().is_empty() {
             return;
         }
         self.dedup.insert(request_id.clone(), (now, result.clone()));
         self.dedup_order.push_back((now, request_id));
         self.prune_dedup(now);
-    }
-
-    /// After a decode, make the request table's order and the audit events hold the table's
-    /// own copy of each request id (a decode gives each occurrence its own), as apply does.
-    pub fn share_request_ids(&mut self) {
-        let dedup = &self.dedup;
-        let share = |id: &mut Arc<str>| {
-            if let Some((key, _)) = dedup.get_key_value(&**id)
-                && !Arc::ptr_eq(key, id)
-            {
-                *id = key.clone();
-            }
-        };
-        for (_, id) in self.dedup_order.iter_mut() {
-            share(id);
-        }
-        for ev in self.audit.iter_mut() {
-            share(&mut ev.request_id);
-        }
     }
 }
 

@@ -85,6 +85,7 @@ pub use modelforge_proto::ids::CredentialId;
 pub use modelforge_proto::ids::HistoryKind;
 pub use modelforge_proto::ids::NodeId;
 pub use modelforge_proto::ids::PreviewId;
+pub use modelforge_proto::ids::RequestId;
 pub use modelforge_proto::ids::TokenId;
 pub use retention::RETENTION_MS;
 pub use retention::TEST_RETENTION_ENV;
@@ -124,12 +125,12 @@ pub struct State {
     pub audit: Vector<AuditEvent>,
     /// How many events were archived, and the hash of the last: the chain's proof of them.
     pub audit_base: AuditBase,
-    /// request id -> (applied at, answer). The id is one allocation shared by the map, its
-    /// order and the audit event of the request (`dedup::share_request_ids` after a decode).
+    /// request id -> (applied at, answer). The id shares its text with its place in the
+    /// order and with the audit event of the request, as every id does.
     #[serde(deserialize_with = "persist::map")]
-    pub dedup: OrdMap<Arc<str>, (i64, ApplyResult)>,
+    pub dedup: OrdMap<RequestId, (i64, ApplyResult)>,
     #[serde(deserialize_with = "persist::vector")]
-    pub dedup_order: Vector<(i64, Arc<str>)>,
+    pub dedup_order: Vector<(i64, RequestId)>,
     /// Allocations, smokes, and what the scheduler must re-measure.
     pub sched: sched::Scheduling,
     /// Decommission previews by id (pruned by expiry in apply).
@@ -167,7 +168,7 @@ impl State {
         let mut facts = Vec::new();
         let reused = idempotency_key_reused(&self.dedup, &env.request_id);
         // One allocation for the id, shared by the audit event and the request table.
-        let request_id: Arc<str> = Arc::from(env.request_id.as_str());
+        let request_id = RequestId::from(env.request_id.as_str());
         let result = if reused {
             Err(key_reused())
         } else {

@@ -611,24 +611,27 @@ fn a_nodes_id_is_one_allocation_wherever_the_state_names_it() {
 }
 
 /// Apply keeps one copy of a request id for the request table's map, its order and the audit
-/// event; a state decoded from a snapshot is brought back to that by `share_request_ids`.
+/// event; a state decoded from a snapshot as a member decodes it (`decode_sharing`) too.
 #[test]
 fn a_request_id_is_one_allocation_after_apply_and_after_a_decode() {
     let s = two_nodes_one_hostname();
     let shared = |s: &State| {
         let (key, _) = s.dedup.get_key_value("r2").expect("r2 remembered");
-        let in_order = s.dedup_order.iter().find(|(_, id)| &**id == "r2").unwrap();
-        let in_audit = s.audit.iter().find(|e| &*e.request_id == "r2").unwrap();
-        Arc::ptr_eq(key, &in_order.1) && Arc::ptr_eq(key, &in_audit.request_id)
+        let in_order = s.dedup_order.iter().find(|(_, id)| id == "r2").unwrap();
+        let in_audit = s.audit.iter().find(|e| e.request_id == "r2").unwrap();
+        RequestId::same_allocation(key, &in_order.1)
+            && RequestId::same_allocation(key, &in_audit.request_id)
     };
     assert!(shared(&s));
     let bytes = modelforge_raft::codec::encode(&s).unwrap();
-    let mut back: State = modelforge_raft::codec::decode(&bytes).unwrap();
+    let plain: State = modelforge_raft::codec::decode(&bytes).unwrap();
     assert!(
-        !shared(&back),
+        !shared(&plain),
         "a decode gives each occurrence its own copy"
     );
-    back.share_request_ids();
+    let back: State = modelforge_proto::ids::decode_sharing(|| {
+        modelforge_raft::codec::decode::<State>(&bytes).unwrap()
+    });
     assert!(shared(&back));
     assert_eq!(back, s);
 }
@@ -1168,8 +1171,11 @@ fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order
     s.apply(300_002, &touch("new-2", 2_000)).result.unwrap();
     assert_eq!(s.dedup.len(), DEDUP_MAX);
     assert!(!s.dedup.contains_key("r1"));
-    assert_eq!(s.dedup_order.front().map(|(_, id)| &**id), Some("r2"));
-    assert_eq!(s.dedup_order.back().map(|(_, id)| &**id), Some("new-2"));
+    assert_eq!(s.dedup_order.front().map(|(_, id)| id.as_str()), Some("r2"));
+    assert_eq!(
+        s.dedup_order.back().map(|(_, id)| id.as_str()),
+        Some("new-2")
+    );
     assert!(in_step(&s));
     // An evicted id is executed again, not answered from the table: the token exists now.
     let again = s.apply(300_003, &create).result.unwrap_err();
@@ -1182,7 +1188,7 @@ fn the_request_id_table_is_capped_dropping_its_oldest_ids_in_step_with_its_order
         .result
         .unwrap();
     assert_eq!(
-        s.dedup.keys().map(|k| &**k).collect::<Vec<_>>(),
+        s.dedup.keys().map(RequestId::as_str).collect::<Vec<_>>(),
         vec!["late"]
     );
     assert!(in_step(&s));

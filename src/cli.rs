@@ -310,9 +310,10 @@ pub struct ServeArgs {
     /// Raft heartbeat interval.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub raft_heartbeat: Duration,
-    /// Raft election timeout, lower bound (the upper bound is twice this).
-    /// The leader lease is the upper bound: a dead leader is replaced after about 2-3 times this.
-    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    /// Raft election timeout, lower bound (the upper bound is 1.5 times this). The leader lease
+    /// is the upper bound and a follower's timer runs after its lease, so a dead leader is
+    /// replaced 2.5-3 times this after its last heartbeat.
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
     pub raft_election_timeout: Duration,
     /// Take a snapshot every this many log entries.
     #[arg(long, default_value_t = 5000)]
@@ -510,7 +511,7 @@ impl ServeArgs {
             tuning: modelforge_raft::RaftTuning {
                 heartbeat_interval_ms: self.raft_heartbeat.as_millis() as u64,
                 election_timeout_min_ms: election,
-                election_timeout_max_ms: election * 2,
+                election_timeout_max_ms: election * 3 / 2,
                 snapshot_every_logs: self.snapshot_every,
                 logs_kept_after_snapshot: self.snapshot_keep_logs,
             },

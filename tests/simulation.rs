@@ -356,3 +356,55 @@ fn a_seed_replays_event_for_event() {
     let c = run_seed(8, 25).unwrap();
     assert_ne!(a.trace, c.trace, "another seed, another run");
 }
+
+/// Pre-vote (ARCHITECTURE.md, "Elections: leader lease and pre-vote"): a follower that alone
+/// cannot hear the leader asks the other follower, which still hears the leader and refuses;
+/// it raises no term, so when the link mends the leader keeps its term. Without pre-vote the
+/// cut follower campaigned in ever higher terms and its term unseated the leader at the mend.
+#[test]
+fn a_follower_cut_from_the_leader_alone_does_not_unseat_it() {
+    for seed in 1..=5 {
+        sim::run(seed, || async move {
+            let faults = sim::Faults {
+                loss_per_mille: 0,
+                reply_loss_per_mille: 0,
+                max_delay_ms: 5,
+            };
+            let s = Sim::new(
+                3,
+                seed,
+                faults,
+                Box::new(|| Arc::new(Replicated::default())),
+            )
+            .await;
+            let mut before = None;
+            for _ in 0..200 {
+                before = s.leader_and_term();
+                if before.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let (leader, term) = before.expect("a leader within 10 s");
+            let cut = if leader == 1 { 2 } else { 1 };
+            s.cut(leader, cut, true);
+            // Twenty election timeouts (virtual time) with the follower cut from the leader.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            assert_eq!(
+                s.leader_and_term(),
+                Some((leader, term)),
+                "seed {seed}: the leader lost its term while one follower could not hear it"
+            );
+            s.heal();
+            // Long enough for the leader to reach the mended follower many times over.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(
+                s.leader_and_term(),
+                Some((leader, term)),
+                "seed {seed}: the mended follower unseated the leader"
+            );
+            assert!(s.observe().is_empty());
+            s.shutdown().await;
+        });
+    }
+}

@@ -578,14 +578,15 @@ impl<A: Application> Sim<A> {
         let config = openraft::Config {
             cluster_name: "modelforge-sim".to_string(),
             heartbeat_interval: 50,
-            election_timeout_min: 250,
-            election_timeout_max: 500,
+            election_timeout_min: 200,
+            election_timeout_max: 300,
             // Often, so that snapshots are built, purged behind and installed on laggards.
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(40),
             max_in_snapshot_log_to_keep: 10,
             install_snapshot_timeout: 2_000,
             enable_leader_restore: Some(false),
             allow_log_reversion: Some(true),
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         let sim = Self {
@@ -763,6 +764,16 @@ impl<A: Application> Sim<A> {
             }
         }
         bad
+    }
+
+    /// The running member that says it leads, and its term.
+    pub fn leader_and_term(&self) -> Option<(u64, u64)> {
+        let w = self.world();
+        w.members.iter().find_map(|(id, m)| {
+            let metrics = m.raft.as_ref()?.metrics();
+            let m = metrics.borrow_watched();
+            (m.state == ServerState::Leader).then_some((*id, m.current_term))
+        })
     }
 
     /// The member each running member believes leads (the first running one that knows).

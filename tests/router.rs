@@ -335,12 +335,12 @@ async fn shutdown_stops_every_background_loop_and_the_data_dir_opens_again() {
         .unwrap()
         .unwrap();
     // bootstrap, leadership watch, coalesced uses, node events, cache sharing, sharing of the
-    // node view, the disk watch, two minting workers, memory return, certificate reload, the
-    // heartbeat relay: all of them ended.
+    // node view, the disk watch, two minting workers, certificate reload, the heartbeat relay:
+    // all of them ended.
     assert_eq!(
         stopped,
         Stopped {
-            background_tasks: 16
+            background_tasks: 15
         }
     );
     assert_eq!(

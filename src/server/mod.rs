@@ -405,7 +405,6 @@ pub async fn serve_on(
     for _ in 0..ctx.hasher.workers() {
         until_stopped(Box::pin(mint_ahead(ctx.clone())));
     }
-    until_stopped(Box::pin(return_freed_memory()));
     until_stopped(Box::pin(ctx.queue_delay.clone().probe()));
     until_stopped(Box::pin(observe::notify_ready(ctx.clone())));
     until_stopped(Box::pin(watch::publish_changes(ctx.clone())));

@@ -116,23 +116,6 @@ pub(super) async fn watch_leadership(ctx: Shared) {
     }
 }
 
-/// Hand memory freed by transient work back to the OS. Building or installing a snapshot
-/// encodes the whole state (hundreds of MiB at 100,000 nodes) and glibc keeps the freed pages
-/// in its arenas, so without this a member's RSS stays at its snapshot peak (measured by
-/// `modelforge-bench`: 1.3 GiB instead of the ~0.9 GiB the state needs at 100,000 nodes).
-pub(super) async fn return_freed_memory() {
-    loop {
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        let _ = tokio::task::spawn_blocking(|| {
-            // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps and
-            // in free chunks; it takes the allocator's own locks and is safe to call anytime.
-            unsafe { libc::malloc_trim(0) }
-        })
-        .await;
-    }
-}
-
 /// Fill the leader's pool of credentials minted ahead (see [`crate::secrets::CredentialMint`]).
 pub(super) async fn mint_ahead(ctx: Shared) {
     loop {

@@ -233,12 +233,12 @@ impl<A: Application> Consensus<A> {
             // Without this openraft's leader panics on the reverted follower in debug builds and
             // never catches it up in release builds (tests/formation.rs caught the panic).
             allow_log_reversion: Some(true),
-            // Pre-vote: a follower asks whether it would be elected before it raises its term.
-            // A failover then ends about one lease (2T) after the leader's last heartbeat
-            // instead of 2T-4T (without it the first candidates are always refused by the lease,
-            // having raised their terms, and often split), and a follower that alone cannot hear
-            // the leader no longer unseats it with a raised term when the link mends
-            // (ARCHITECTURE.md, "Elections: leader lease and pre-vote").
+            // Pre-vote: a follower asks whether it would be elected before it raises its term,
+            // so a follower that alone cannot hear the leader (or whose timer fired late) is
+            // refused by the others and cannot unseat the leader with a raised term when the
+            // link mends. This is what makes the short default timeout safe; it does not make a
+            // failover faster (the timer runs after the lease either way; ARCHITECTURE.md,
+            // "Elections: leader lease and pre-vote").
             enable_pre_vote: Some(true),
             ..Default::default()
         };

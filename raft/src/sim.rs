@@ -575,11 +575,13 @@ impl<A: Application> Sim<A> {
     /// `n` members (ids 1..=n), initialised as one cluster, with the production configuration
     /// choices; `make_app` makes a member's empty application (at start and at each restart).
     pub async fn new(n: u64, seed: u64, faults: Faults, make_app: Box<dyn Fn() -> Arc<A>>) -> Self {
+        // The members' default timing (`RaftTuning::default`, what `serve`'s flags default to).
+        let timing = crate::RaftTuning::default();
         let config = openraft::Config {
             cluster_name: "modelforge-sim".to_string(),
-            heartbeat_interval: 50,
-            election_timeout_min: 200,
-            election_timeout_max: 300,
+            heartbeat_interval: timing.heartbeat_interval_ms,
+            election_timeout_min: timing.election_timeout_min_ms,
+            election_timeout_max: timing.election_timeout_max_ms,
             // Often, so that snapshots are built, purged behind and installed on laggards.
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(40),
             max_in_snapshot_log_to_keep: 10,

@@ -1,5 +1,5 @@
-//! What consensus measures about itself, for `GET /metrics`: proposals, the log's fsyncs,
-//! snapshots. One set a process (a member is a process; in-process test clusters share it).
+//! What consensus measures about itself, for `GET /metrics`: proposals, lease reads, the log's
+//! fsyncs, snapshots. One set a process (a member is a process; in-process test clusters share it).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -15,6 +15,10 @@ pub struct RaftMetrics {
     pub proposals_committed: Counter,
     pub proposals_failed: Counter,
     pub proposals_pending: Gauge,
+    /// Lease reads the leader decided from openraft's metrics, without its core.
+    pub lease_reads_local: Counter,
+    /// Lease reads that went to openraft's core (the local check could not prove the lease).
+    pub lease_reads_core: Counter,
     /// One observation per group commit of the log writer (the write and its fsync).
     pub fsync: Histogram,
     pub snapshot_build: Histogram,
@@ -26,6 +30,8 @@ pub static METRICS: LazyLock<RaftMetrics> = LazyLock::new(|| RaftMetrics {
     proposals_committed: Counter::default(),
     proposals_failed: Counter::default(),
     proposals_pending: Gauge::default(),
+    lease_reads_local: Counter::default(),
+    lease_reads_core: Counter::default(),
     // 0.25 ms .. 8 s, as etcd's wal_fsync_duration_seconds.
     fsync: Histogram::new(exponential_buckets(0.000_25, 2.0, 16)),
     // 1 ms .. 65 s.
@@ -50,6 +56,16 @@ impl RaftMetrics {
             "proposals_pending",
             "Proposals waiting to be committed on this member",
             self.proposals_pending.clone(),
+        );
+        registry.register(
+            "lease_reads_local",
+            "Lease reads this member decided from Raft's metrics alone",
+            self.lease_reads_local.clone(),
+        );
+        registry.register(
+            "lease_reads_core",
+            "Lease reads that Raft's core decided (the metrics alone did not prove the lease)",
+            self.lease_reads_core.clone(),
         );
         registry.register_with_unit(
             "disk_fsync_duration",

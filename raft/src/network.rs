@@ -34,6 +34,8 @@ use openraft::network::RPCOption;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::TransferLeaderRequest;
+use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 use serde::Serialize;
@@ -304,6 +306,19 @@ impl RaftNetworkV2<C> for PeerClient {
         self.call("pre-vote", &rpc, option.soft_ttl()).await
     }
 
+    /// A leader handing over (`Consensus::transfer_leadership`) tells every member, the
+    /// target first among them: the target campaigns at once and the others grant it their
+    /// vote despite their leases. (openraft's default answers "unreachable", which left the
+    /// old leader refusing reads and writes until a follower's timer ran out and any member,
+    /// not the target, was elected.)
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<C>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<C>, RPCError<C>> {
+        self.call("transfer-leader", &req, option.soft_ttl()).await
+    }
+
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<C>,
@@ -349,6 +364,7 @@ pub enum PeerRpc {
     Append(AppendEntriesRequest<C>),
     Vote(VoteRequest<C>),
     PreVote(VoteRequest<C>),
+    TransferLeader(TransferLeaderRequest<C>),
     /// A whole snapshot body: its vote, and its file's meta and length once checked (served
     /// through [`receive_snapshot`], which streams; decoded whole only here, for the fuzzer).
     Snapshot(VoteOf<C>, SnapshotMetaOf<C>, u64),
@@ -360,6 +376,7 @@ pub fn decode_rpc(kind: &str, body: &[u8]) -> Result<PeerRpc, PeerRpcError> {
         "append" => PeerRpc::Append(decode_body(body)?),
         "vote" => PeerRpc::Vote(decode_body(body)?),
         "pre-vote" => PeerRpc::PreVote(decode_body(body)?),
+        "transfer-leader" => PeerRpc::TransferLeader(decode_body(body)?),
         SNAPSHOT_RPC => {
             let Some((vote, used)) = parse_vote_prefix(body)? else {
                 return Err(PeerRpcError::Snapshot(
@@ -378,7 +395,7 @@ pub fn decode_rpc(kind: &str, body: &[u8]) -> Result<PeerRpc, PeerRpcError> {
 }
 
 /// The kinds of peer RPC [`decode_rpc`] knows.
-pub const RPC_KINDS: [&str; 4] = ["append", "vote", "pre-vote", "snapshot"];
+pub const RPC_KINDS: [&str; 5] = ["append", "vote", "pre-vote", "transfer-leader", "snapshot"];
 
 /// Serve one peer RPC of kind `kind` against the local Raft member.
 pub async fn serve<A: Application>(
@@ -393,6 +410,12 @@ pub async fn serve<A: Application>(
         }
         PeerRpc::Vote(req) => encode_reply(&raft.vote(req).await.map_err(|e| raft_err(&e))?),
         PeerRpc::PreVote(req) => encode_reply(&raft.pre_vote(req).await.map_err(|e| raft_err(&e))?),
+        PeerRpc::TransferLeader(req) => encode_reply(
+            &raft
+                .handle_transfer_leader(req)
+                .await
+                .map_err(|e| raft_err(&e))?,
+        ),
         PeerRpc::Snapshot(..) => Err(PeerRpcError::Unknown(
             "snapshot bodies stream: Consensus::receive_snapshot".into(),
         )),

@@ -68,8 +68,16 @@ async fn one(nodes: usize, shards: usize) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let first_build = t.elapsed();
+    // One sample, as the heartbeat path encodes it (`supervisor::encode_sample`).
+    let telemetry: modelforge_proto::wire::Telemetry = serde_json::from_str(r#"{"accelerators":[{"uuid":"GPU-0","utilization_pct":50.0,"memory_used_mib":61234.0,"temperature_c":71.0,"power_draw_w":612.4}]}"#).unwrap();
+    let sample = modelforge::supervisor::encode_sample(&telemetry);
     for i in 0..nodes {
-        sup.heartbeat(&format!("{i:08x}-0000-4000-8000-000000000000").into(), 2_000_001, r#"{"accelerators":[{"uuid":"GPU-0","utilization_pct":50.0,"memory_used_mib":61234.0,"temperature_c":71.0,"power_draw_w":612.4}]}"#.into(), true);
+        sup.heartbeat(
+            &format!("{i:08x}-0000-4000-8000-000000000000").into(),
+            2_000_001,
+            sample.clone(),
+            true,
+        );
     }
     let _ = sup.all().await;
     let after_sup = rss_kib();

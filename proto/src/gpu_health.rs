@@ -96,9 +96,13 @@ pub struct GpuEvent {
 
 /// The events of one GPU as an agent sent them, less any this member cannot read (a field
 /// missing or of another type, e.g. from another release's agent): telemetry is best effort,
-/// and one odd event must not cost the node its heartbeat.
+/// and one odd event must not cost the node its heartbeat. A binary encoding (a member's own
+/// stored sample, already filtered) holds only readable events and is read as it is.
 pub fn readable_events<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<GpuEvent>, D::Error> {
     use serde::de::Error;
+    if !d.is_human_readable() {
+        return Vec::<GpuEvent>::deserialize(d);
+    }
     let items = Vec::<serde_json::Map<String, serde_json::Value>>::deserialize(d)
         .map_err(|_| D::Error::custom("events must be an array of objects"))?;
     Ok(items

@@ -471,8 +471,7 @@ pub async fn show_node(
         .ok_or_else(|| ApiError::new(ErrorCode::NodeNotFound, "no node with this id"))?;
     let mut summary = node_summary(&ctx, &s, node, &live, rebuilt_at, now);
     let latest = live.telemetry.back();
-    let telemetry: Option<modelforge_proto::wire::Telemetry> =
-        latest.and_then(|(_, t)| serde_json::from_str(t).ok());
+    let telemetry = latest.and_then(|(_, t)| crate::supervisor::decode_sample(t));
     for a in &mut summary.accelerators {
         a.events = telemetry
             .iter()
@@ -494,8 +493,9 @@ pub async fn show_node(
     let resp = axum::Json(api::NodeDetail {
         summary,
         history,
-        telemetry: latest
-            .and_then(|(_, t)| serde_json::from_str(t).ok())
+        telemetry: telemetry
+            .as_ref()
+            .and_then(|t| serde_json::to_value(t).ok())
             .unwrap_or(Value::Null),
         telemetry_at: latest.map(|(at, _)| rfc3339_ms(*at)),
         last_refusal: live.last_refusal.map(|r| api::LastRefusal {
@@ -530,7 +530,9 @@ pub async fn telemetry(
         .iter()
         .map(|(at, t)| api::TelemetrySample {
             at: rfc3339_ms(*at),
-            telemetry: serde_json::from_str::<Value>(t).unwrap_or(Value::Null),
+            telemetry: crate::supervisor::decode_sample(t)
+                .and_then(|t| serde_json::to_value(t).ok())
+                .unwrap_or(Value::Null),
         })
         .collect();
     Ok(axum::Json(api::TelemetrySamples { node_id, samples }).into_response())

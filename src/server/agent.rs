@@ -474,24 +474,11 @@ pub(super) async fn heartbeat_core(
     ctx.live.sup.heartbeat(
         &node_id,
         now,
-        serde_json::to_string(&telemetry)
-            .unwrap_or_else(|_| "{}".into())
-            .into_boxed_str(),
+        crate::supervisor::encode_sample(&telemetry),
         report,
     );
     if report {
-        let present = telemetry
-            .accelerators
-            .iter()
-            .filter_map(|a| a.uuid.clone())
-            .collect();
-        let busy = telemetry
-            .accelerators
-            .iter()
-            .filter(|a| !a.processes.is_empty())
-            .filter_map(|a| a.uuid.clone())
-            .collect();
-        super::scheduler::reconcile_after_report(ctx, &node_id, present, busy);
+        super::scheduler::reconcile_after_report(ctx, &node_id, &telemetry);
         super::cordon::health_after_report(ctx, &node_id, &telemetry);
     }
     let jobs = {

@@ -217,10 +217,16 @@ pub fn transitions(
         .iter()
         .filter_map(|a| {
             let uuid = a.uuid.as_ref()?;
+            let rec = s.health.gpu(node_id, uuid);
+            // The usual report: no events on a GPU with no health record, healthy as before.
+            // (Every heartbeat of a node with GPUs comes here.)
+            if a.events.is_empty() && rec.is_none() {
+                return None;
+            }
             if !node.inventory.accelerators.iter().any(|i| &i.uuid == uuid) {
                 return None;
             }
-            let cleared = s.health.cleared_at(node_id, uuid);
+            let cleared = rec.and_then(|r| r.cleared_at_ms);
             let events: Vec<GpuEvent> = a
                 .events
                 .iter()
@@ -228,7 +234,6 @@ pub fn transitions(
                 .cloned()
                 .collect();
             let (health, cause) = gpu_health::worst(&events);
-            let rec = s.health.gpu(node_id, uuid);
             let sticky = rec.is_some_and(|r| r.cordoned && r.health == Health::Failed);
             let current = rec.map_or(Health::Healthy, |r| r.health);
             (health != current && !sticky).then(|| Transition {

@@ -446,9 +446,17 @@ impl Drop for InFlight {
 pub fn reconcile_after_report(
     ctx: &Shared,
     node_id: &NodeId,
-    present: BTreeSet<String>,
-    busy: BTreeSet<String>,
+    telemetry: &modelforge_proto::wire::Telemetry,
 ) {
+    let uuids = |busy_only: bool| {
+        telemetry
+            .accelerators
+            .iter()
+            .filter(move |a| !busy_only || !a.processes.is_empty())
+            .filter_map(|a| a.uuid.as_deref())
+    };
+    // Every heartbeat of a node with GPUs asks this; the answer is almost always no, so it
+    // is found without copying the report's uuids.
     let needed = {
         let s = ctx.app.read();
         let unconfirmed = s
@@ -456,12 +464,13 @@ pub fn reconcile_after_report(
             .allocations
             .values()
             .any(|a| a.node_id == node_id && !a.confirmed);
-        unconfirmed
-            || s.sched.busy_outside(node_id, &busy) != s.sched.recorded_busy_outside(node_id)
+        unconfirmed || s.sched.busy_outside_changed(node_id, uuids(true))
     };
     if !needed {
         return;
     }
+    let present: BTreeSet<String> = uuids(false).map(str::to_string).collect();
+    let busy: BTreeSet<String> = uuids(true).map(str::to_string).collect();
     // One reconcile in flight per node, within the node's write rate: a node that reports
     // faster than its reconciles commit cannot pile up tasks or writes (a later report
     // reconciles again).

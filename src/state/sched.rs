@@ -114,6 +114,28 @@ impl Scheduling {
             .collect()
     }
 
+    /// Whether a report finding `busy` (uuids) busy on `node_id` differs from what the state
+    /// records as busy outside the scheduler there: `busy_outside(busy) !=
+    /// recorded_busy_outside(node)` without copying either set's strings.
+    pub fn busy_outside_changed<'a>(
+        &self,
+        node_id: &NodeId,
+        busy: impl Iterator<Item = &'a str>,
+    ) -> bool {
+        let allocated = self.allocated(node_id);
+        let outside: BTreeSet<&str> = busy.filter(|u| !allocated.contains(u)).collect();
+        match self.external_busy.get(node_id) {
+            None => !outside.is_empty(),
+            Some(recorded) => {
+                recorded.len() != outside.len()
+                    || !recorded
+                        .iter()
+                        .map(String::as_str)
+                        .eq(outside.iter().copied())
+            }
+        }
+    }
+
     /// What the replicated state records as busy outside the scheduler on a node.
     pub fn recorded_busy_outside(&self, node_id: &NodeId) -> BTreeSet<String> {
         self.external_busy.get(node_id).cloned().unwrap_or_default()
@@ -421,5 +443,67 @@ impl State {
             );
         }
         Ok(Outcome::SmokeFinished { passed })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `busy_outside_changed` (the heartbeat's allocation-free check) answers as the sets it
+    /// replaced did, over every combination of 4 GPUs busy, allocated and recorded, with and
+    /// without a record for the node, and with a drained allocation (which holds nothing).
+    #[test]
+    fn busy_outside_changed_agrees_with_comparing_the_sets() {
+        let uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"];
+        let pick = |mask: u32| -> Vec<&str> {
+            (0..4)
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| uuids[i])
+                .collect()
+        };
+        let node = NodeId::parse("n1").unwrap();
+        let other = NodeId::parse("n2").unwrap();
+        let mut checked = 0;
+        for allocated in 0..16u32 {
+            for drained in [false, true] {
+                for recorded in 0..17u32 {
+                    let mut s = Scheduling::default();
+                    let alloc = |node_id: &NodeId, mask: u32, mark| Allocation {
+                        allocation_id: AllocationId::random(),
+                        node_id: node_id.clone(),
+                        accelerator_uuids: pick(mask).into_iter().map(String::from).collect(),
+                        owner: "t".into(),
+                        created_at_ms: 0,
+                        confirmed: true,
+                        idempotency_key: None,
+                        mark,
+                    };
+                    let mark = drained.then_some(AllocationState::Drained);
+                    let a = alloc(&node, allocated, mark);
+                    s.allocations.insert(a.allocation_id.clone(), a);
+                    // Another node's allocation of the same uuids changes nothing here.
+                    let b = alloc(&other, 15, None);
+                    s.allocations.insert(b.allocation_id.clone(), b);
+                    if recorded < 16 {
+                        let set = pick(recorded).into_iter().map(String::from).collect();
+                        s.external_busy.insert(node.clone(), set);
+                    }
+                    for busy in 0..16u32 {
+                        let busy_set: BTreeSet<String> =
+                            pick(busy).into_iter().map(String::from).collect();
+                        let expected =
+                            s.busy_outside(&node, &busy_set) != s.recorded_busy_outside(&node);
+                        assert_eq!(
+                            s.busy_outside_changed(&node, pick(busy).into_iter()),
+                            expected,
+                            "allocated {allocated:04b} drained {drained} recorded {recorded} busy {busy:04b}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 16 * 2 * 17 * 16);
     }
 }

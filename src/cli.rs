@@ -388,6 +388,19 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The Raft timing and retention these flags ask for (their defaults are
+    /// `RaftTuning::default()`, which the simulation and the in-process tests run with).
+    pub fn raft_tuning(&self) -> modelforge_raft::RaftTuning {
+        let election = self.raft_election_timeout.as_millis() as u64;
+        modelforge_raft::RaftTuning {
+            heartbeat_interval_ms: self.raft_heartbeat.as_millis() as u64,
+            election_timeout_min_ms: election,
+            election_timeout_max_ms: election * 3 / 2,
+            snapshot_every_logs: self.snapshot_every,
+            logs_kept_after_snapshot: self.snapshot_keep_logs,
+        }
+    }
+
     pub fn into_config(self) -> anyhow::Result<ServeConfig> {
         let scheme = if self.insecure_http { "http" } else { "https" };
         let advertise = self
@@ -484,7 +497,7 @@ impl ServeArgs {
                 "the cluster secret (MODELFORGE_CLUSTER_SECRET or --cluster-secret-file) must differ from the admin token: whoever holds an operator's token must not be able to speak as a member"
             );
         }
-        let election = self.raft_election_timeout.as_millis() as u64;
+        let tuning = self.raft_tuning();
         Ok(ServeConfig {
             node_id: self.node_id,
             listen: self.listen,
@@ -508,13 +521,7 @@ impl ServeArgs {
                     .map(|n| n.get())
                     .unwrap_or(2)
             }),
-            tuning: modelforge_raft::RaftTuning {
-                heartbeat_interval_ms: self.raft_heartbeat.as_millis() as u64,
-                election_timeout_min_ms: election,
-                election_timeout_max_ms: election * 3 / 2,
-                snapshot_every_logs: self.snapshot_every,
-                logs_kept_after_snapshot: self.snapshot_keep_logs,
-            },
+            tuning,
             thresholds: StatusThresholds {
                 stale_after_ms: self.stale_after.as_millis() as i64,
                 offline_after_ms: self.offline_after.as_millis() as i64,
@@ -650,4 +657,28 @@ pub fn argon2_bench(args: &HashArgs) -> anyhow::Result<()> {
         cores as f64 / one.as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    /// `serve`'s Raft flags and `RaftTuning::default()` state the same numbers twice (clap
+    /// needs literal defaults): members must run what the simulation and the in-process
+    /// tests check.
+    #[test]
+    fn serve_defaults_are_the_raft_tunings_defaults() {
+        let serve = Serve::try_parse_from(["serve", "--data-dir", "/nonexistent"]).unwrap();
+        assert_eq!(
+            serve.args.raft_tuning(),
+            modelforge_raft::RaftTuning::default()
+        );
+    }
 }

@@ -62,23 +62,39 @@ pub async fn measure(
 
 pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
     let (p, http, dir) = (b.p, b.http.clone(), b.dir.clone());
+    // Steady state, as for heartbeats: with `--only writes` the enrolment burst has just
+    // drained the leader's credential pool, and its refill (argon2 at a quarter of a core) was
+    // 45% of the members' CPU at 1 client in a profile.
+    super::enrolment::wait_pool(&a.cluster, &http, p.burst).await;
     let r = &mut b.r;
     let (agents_a, leader_url) = (&a.agents, &a.leader_url);
     let mut ours = vec![];
     for c in p.write_clients {
         let pids: Vec<u32> = (0..3).filter_map(|i| a.cluster.pid(i)).collect();
         let perf = super::perf_record(&format!("writes_{c}_clients"), &pids, p.dur);
+        let before = server_time(&http, leader_url).await;
         let s = measure(&http, agents_a, leader_url, c, p.dur).await;
+        let after = server_time(&http, leader_url).await;
         if let Some(mut perf) = perf {
             let _ = perf.wait();
         }
+        // What the leader itself measured, from routing to answer (the rest of the client's
+        // latency is the transport, both ends' queues and the load generator).
+        let server_ms = before
+            .zip(after)
+            .filter(|(b, a)| a.1 > b.1)
+            .map(|(b, a)| 1000.0 * (a.0 - b.0) / (a.1 - b.1));
         println!(
-            "  writes, {c} clients: {:.0}/s p99 {:.2} ms ({} failed)",
+            "  writes, {c} clients: {:.0}/s p50 {:.2} ms p99 {:.2} ms ({} failed); mean on the leader {}",
             s.rate(),
+            s.pct(0.5),
             s.pct(0.99),
-            s.failed
+            s.failed,
+            server_ms.map_or("unknown".into(), |ms| format!("{ms:.2} ms"))
         );
-        r.put(&format!("writes_{c}_clients"), s.json());
+        let mut json = s.json();
+        json["leader_mean_ms"] = serde_json::json!(server_ms);
+        r.put(&format!("writes_{c}_clients"), json);
         ours.push(s);
     }
     let etcd = if with_etcd {
@@ -144,4 +160,37 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
             met,
         );
     }
+}
+
+/// The leader's own time for the writes' routes so far: (seconds, requests), summed from its
+/// `modelforge_http_request_duration_seconds` histogram over the cordon, uncordon and
+/// credential routes.
+async fn server_time(http: &reqwest::Client, leader_url: &str) -> Option<(f64, f64)> {
+    let text = http
+        .get(format!("{leader_url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let mut sum = (0.0, 0.0);
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let ours = ["/cordon\"", "/uncordon\"", "/credential\""]
+            .iter()
+            .any(|r| series.contains(r));
+        if !ours {
+            continue;
+        }
+        let v: f64 = value.parse().ok()?;
+        if series.starts_with("modelforge_http_request_duration_seconds_sum{") {
+            sum.0 += v;
+        } else if series.starts_with("modelforge_http_request_duration_seconds_count{") {
+            sum.1 += v;
+        }
+    }
+    Some(sum)
 }

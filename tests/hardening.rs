@@ -357,10 +357,15 @@ async fn one_node_cannot_grow_the_replicated_state() {
 ///
 /// A heartbeat's handler no longer waits on anything once its credential is verified (the
 /// lease is read from Raft's metrics), so only the member's runtime workers (two on these
-/// machines) hold slots at once: a limit of 1 is what 64 concurrent heartbeats exceed.
+/// machines) hold slots at once: a limit of 1 is what 64 concurrent heartbeats exceed. The
+/// queue-delay shedding is off, so only the limit can shed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_requests_beyond_capacity_are_shed_with_retry_after() {
-    let mut c = Cluster::start_with(1, &["--max-agent-requests", "1"]).await;
+    let mut c = Cluster::start_with(
+        1,
+        &["--max-agent-requests", "1", "--shed-queue-delay", "0s"],
+    )
+    .await;
     let (mut agent, node_id, credential) = c.enrol_one("busy").await;
     agent.stop();
     let url = format!("{}/api/v1/agent/nodes/{node_id}/heartbeat", c.url(1));

@@ -72,8 +72,9 @@ impl TransferMark {
         self.starting.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Called once openraft has the request: `term` is the term read after it returned, which
-    /// is at least the term the transfer applies to.
+    /// Called once openraft has the request: `term` is the term read after it returned, at
+    /// least the term the transfer applies to (an older term than recorded is blocked too:
+    /// it can never be led again, so over-recording costs nothing).
     pub fn end(&self, term: u64) {
         // Keep the later of the two terms (`u64::MAX`, none, is replaced).
         let _ = self
@@ -84,9 +85,13 @@ impl TransferMark {
         self.starting.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Whether a transfer is being started, or was started in `term`.
+    /// Whether a transfer is being started, or was started in `term` or later.
     pub fn blocks(&self, term: u64) -> bool {
-        self.starting.load(Ordering::SeqCst) > 0 || self.term.load(Ordering::SeqCst) == term
+        if self.starting.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        let recorded = self.term.load(Ordering::SeqCst);
+        recorded != u64::MAX && term <= recorded
     }
 }
 
@@ -214,6 +219,10 @@ mod tests {
         assert!(mark.blocks(3), "while starting, whatever the term");
         mark.end(3);
         assert!(mark.blocks(3));
+        assert!(
+            mark.blocks(2),
+            "an older term is never led again: blocking it is free"
+        );
         assert!(
             !mark.blocks(4),
             "a later term's leadership is a new election"

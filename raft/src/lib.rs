@@ -182,6 +182,20 @@ pub struct ClusterStatus {
     pub members: Vec<MemberView>,
 }
 
+/// Ends a [`lease::TransferMark`] when dropped: with the core's term when it was read, else
+/// the metrics' term.
+struct TransferEnding<'a, A: Application> {
+    consensus: &'a Consensus<A>,
+    term: Option<u64>,
+}
+
+impl<A: Application> Drop for TransferEnding<'_, A> {
+    fn drop(&mut self) {
+        let term = self.term.unwrap_or_else(|| self.consensus.current_term());
+        self.consensus.transfer.end(term);
+    }
+}
+
 /// The handle the control plane holds: a running Raft member.
 pub struct Consensus<A: Application> {
     raft: Raft<A>,
@@ -338,9 +352,10 @@ impl<A: Application> Consensus<A> {
         }
     }
 
-    /// Confirm by leader lease that this member leads and has applied everything committed
-    /// before the call: a read of the local state after this is linearizable. Decided from
-    /// openraft's metrics when they prove it ([`Self::local_lease`]), else by Raft's core.
+    /// Confirm by leader lease that this member leads and that every write acknowledged
+    /// before the call is applied here: a read of the local state after this is
+    /// linearizable. Decided from openraft's metrics when they prove it
+    /// ([`Self::local_lease`]), else by Raft's core (which also waits for what was committed).
     pub async fn lease_read(&self) -> Result<(), ReadError> {
         if self.local_lease() {
             metrics::METRICS.lease_reads_local.inc();
@@ -581,10 +596,22 @@ impl<A: Application> Consensus<A> {
     /// Ask the leader to hand leadership to voter `to`.
     pub async fn transfer_leadership(&self, to: u64) -> Result<(), MembershipError> {
         // No local lease reads from before openraft hears of it to the end of the term: the
-        // target's votes bypass the followers' leases (`lease::TransferMark`).
+        // target's votes bypass the followers' leases (`lease::TransferMark`). The mark ends
+        // even if this future is dropped midway (then with the metrics' term).
         self.transfer.begin();
+        let mut ending = TransferEnding {
+            consensus: self,
+            term: None,
+        };
         let result = self.raft.trigger().transfer_leader(to).await;
-        self.transfer.end(self.current_term());
+        // Raft's core takes requests in order: its term now is at least the one the transfer
+        // applies to (the metrics' term may lag it).
+        ending.term = self
+            .raft
+            .with_raft_state(|st| st.vote_ref().leader_id().term)
+            .await
+            .ok();
+        drop(ending);
         result.map_err(|e| MembershipError::Fatal(e.to_string()))
     }
 

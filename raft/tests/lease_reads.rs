@@ -30,7 +30,16 @@ async fn settled_leader(cluster: &Cluster) -> (u64, modelforge_raft::Consensus<c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_leader_reads_locally_and_followers_never_do() {
-    let cluster = Cluster::start(3, RaftTuning::default()).await;
+    // A long lease (1.5 s), so that a loaded machine's stalls cannot end it in this second.
+    let cluster = Cluster::start(
+        3,
+        RaftTuning {
+            election_timeout_min_ms: 1000,
+            election_timeout_max_ms: 1500,
+            ..RaftTuning::default()
+        },
+    )
+    .await;
     let (id, leader) = settled_leader(&cluster).await;
     // Over a second of steady leadership (heartbeats every 50 ms) the lease keeps holding, and
     // lease_read answers from it.
@@ -124,8 +133,9 @@ async fn a_leader_cut_off_from_both_followers_stops_reading_within_its_lease() {
     // cut + lease (the followers' leases, from their last answer, end no sooner).
     let cut = Instant::now();
     loop {
-        let holds = leader.local_lease();
+        // The time first: a stall between the two cannot pair a yes with a later time.
         let elapsed = cut.elapsed();
+        let holds = leader.local_lease();
         if !holds {
             break;
         }

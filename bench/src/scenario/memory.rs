@@ -77,6 +77,12 @@ pub async fn run(bench: &mut Bench, pop: &mut Population, old: usize) {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    if since.elapsed() < quiet {
+        println!(
+            "  (snapshots still moving after {:.0} s: the settled reading may include one)",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let rss_large = b.rss();
     // The peak includes the snapshots built during the growth (the restarted member's since
     // its restart): what a member's memory limit must allow, beyond the settled figure.

@@ -1,6 +1,10 @@
 //! Closed-loop heartbeats on cluster A, all to the leader and spread over the members, against
 //! the bare-axum reference over TLS (the members serve TLS).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+
 use super::Bench;
 use super::enrolment::ClusterA;
 use crate::load;
@@ -35,16 +39,29 @@ pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
         );
         let pids: Vec<u32> = (0..3).filter_map(|i| a.cluster.pid(i)).collect();
         let perf = super::perf_record(key, &pids, p.dur);
+        // Answers other than 200, by status (None: no answer): at saturation the members'
+        // queue-delay shedding answers some with 503, which the rate does not count.
+        let refused = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+        let tally = refused.clone();
         let s = drive(p.hb_loops, p.dur, move |_, n| {
-            let (h, ag) = (h.clone(), ag.clone());
+            let (h, ag, tally) = (h.clone(), ag.clone(), tally.clone());
             let u = if spread {
                 us[n % 3].clone()
             } else {
                 lu.clone()
             };
-            async move { load::heartbeat(&h, &u, &ag[n % ag.len()]).await == Some(200) }
+            async move {
+                let status = load::heartbeat(&h, &u, &ag[n % ag.len()]).await;
+                if status != Some(200) {
+                    let key = status.map_or("none".to_string(), |c| c.to_string());
+                    *tally.lock().unwrap().entry(key).or_default() += 1;
+                }
+                status == Some(200)
+            }
         })
         .await;
+        let refused = std::mem::take(&mut *refused.lock().unwrap());
+        println!("  {name}: answers other than 200: {refused:?}");
         if let Some(mut perf) = perf {
             let _ = perf.wait();
         }
@@ -68,6 +85,8 @@ pub async fn run(b: &mut Bench, a: &ClusterA, bare_s: &Stats) {
             },
             Some(s.rate() / bare_s.rate() >= if spread { 0.5 } else { 0.7 }),
         );
-        r.put(key, s.json());
+        let mut json = s.json();
+        json["not_200"] = serde_json::json!(refused);
+        r.put(key, json);
     }
 }

@@ -205,8 +205,6 @@ pub struct Consensus<A: Application> {
     /// Closed on shutdown, so that the data dir can be opened again in the same process.
     log: LogStore,
     pacing: Arc<state_machine::SnapshotPacing>,
-    /// The leader lease (openraft's: the election timeout's upper bound).
-    lease: Duration,
     /// The term this member started a leadership transfer in (no local lease reads then).
     transfer: Arc<lease::TransferMark>,
 }
@@ -219,7 +217,6 @@ impl<A: Application> Clone for Consensus<A> {
             dir: self.dir.clone(),
             log: self.log.clone(),
             pacing: self.pacing.clone(),
-            lease: self.lease,
             transfer: self.transfer.clone(),
         }
     }
@@ -289,7 +286,6 @@ impl<A: Application> Consensus<A> {
             dir: dir.to_path_buf(),
             log,
             pacing,
-            lease: Duration::from_millis(tuning.election_timeout_max_ms),
             transfer: Arc::default(),
         })
     }
@@ -388,7 +384,9 @@ impl<A: Application> Consensus<A> {
                 .as_ref()
                 .map(|l| l.committed_leader_id().term),
         };
-        lease::lease_holds(&view, self.lease)
+        // openraft's leader lease is the election timeout's upper bound.
+        let lease = Duration::from_millis(self.raft.config().election_timeout_max);
+        lease::lease_holds(&view, lease)
     }
 
     /// Like [`Self::lease_read`] but confirmed by a round trip to a quorum.

@@ -464,7 +464,10 @@ pub fn reconcile_after_report(
             .allocations
             .values()
             .any(|a| a.node_id == node_id && !a.confirmed);
-        unconfirmed || s.sched.busy_outside_changed(node_id, uuids(true))
+        unconfirmed || {
+            let outside = s.sched.busy_outside(node_id, uuids(true));
+            s.sched.busy_outside_changed(node_id, &outside)
+        }
     };
     if !needed {
         return;

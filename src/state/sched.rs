@@ -106,39 +106,28 @@ impl Scheduling {
     }
 
     /// Of the GPUs a node reports `busy`, those no allocation of the node holds.
-    pub fn busy_outside(&self, node_id: &NodeId, busy: &BTreeSet<String>) -> BTreeSet<String> {
+    pub fn busy_outside<'a>(
+        &self,
+        node_id: &NodeId,
+        busy: impl IntoIterator<Item = &'a str>,
+    ) -> BTreeSet<&'a str> {
         let allocated = self.allocated(node_id);
-        busy.iter()
-            .filter(|u| !allocated.contains(u.as_str()))
-            .cloned()
+        busy.into_iter()
+            .filter(|u| !allocated.contains(u))
             .collect()
     }
 
-    /// Whether a report finding `busy` (uuids) busy on `node_id` differs from what the state
-    /// records as busy outside the scheduler there: `busy_outside(busy) !=
-    /// recorded_busy_outside(node)` without copying either set's strings.
-    pub fn busy_outside_changed<'a>(
-        &self,
-        node_id: &NodeId,
-        busy: impl Iterator<Item = &'a str>,
-    ) -> bool {
-        let allocated = self.allocated(node_id);
-        let outside: BTreeSet<&str> = busy.filter(|u| !allocated.contains(u)).collect();
-        match self.external_busy.get(node_id) {
-            None => !outside.is_empty(),
-            Some(recorded) => {
-                recorded.len() != outside.len()
-                    || !recorded
-                        .iter()
-                        .map(String::as_str)
-                        .eq(outside.iter().copied())
-            }
-        }
-    }
-
-    /// What the replicated state records as busy outside the scheduler on a node.
-    pub fn recorded_busy_outside(&self, node_id: &NodeId) -> BTreeSet<String> {
-        self.external_busy.get(node_id).cloned().unwrap_or_default()
+    /// Whether `outside` ([`Self::busy_outside`] of a report) differs from what the state
+    /// records as busy outside the scheduler on `node_id` (nothing recorded: empty). Both the
+    /// heartbeat's check and the reconcile's apply ask it, without copying either set.
+    pub fn busy_outside_changed(&self, node_id: &NodeId, outside: &BTreeSet<&str>) -> bool {
+        let recorded = self.external_busy.get(node_id);
+        recorded.map_or(0, BTreeSet::len) != outside.len()
+            || !recorded
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .eq(outside.iter().copied())
     }
 
     /// GPUs held by any allocation on any node (a uuid names one physical device).
@@ -332,10 +321,12 @@ impl State {
                 }
             }
         }
-        let external = self.sched.busy_outside(node_id, busy);
-        if external != self.sched.recorded_busy_outside(node_id) {
+        let external = self
+            .sched
+            .busy_outside(node_id, busy.iter().map(String::as_str));
+        if self.sched.busy_outside_changed(node_id, &external) {
             if let Some(n) = self.nodes.get_mut(node_id).map(Arc::make_mut) {
-                let list: Vec<&str> = external.iter().map(String::as_str).collect();
+                let list: Vec<&str> = external.iter().copied().collect();
                 push_history(
                     n,
                     now,
@@ -350,7 +341,8 @@ impl State {
             if external.is_empty() {
                 self.sched.external_busy.remove(node_id);
             } else {
-                self.sched.external_busy.insert(node_id.clone(), external);
+                let owned = external.into_iter().map(String::from).collect();
+                self.sched.external_busy.insert(node_id.clone(), owned);
             }
         }
         Ok(Outcome::Reconciled {
@@ -450,9 +442,10 @@ impl State {
 mod tests {
     use super::*;
 
-    /// `busy_outside_changed` (the heartbeat's allocation-free check) answers as the sets it
-    /// replaced did, over every combination of 4 GPUs busy, allocated and recorded, with and
-    /// without a record for the node, and with a drained allocation (which holds nothing).
+    /// `busy_outside` and `busy_outside_changed` (the heartbeat's check and the reconcile's)
+    /// answer as set arithmetic on the masks does, over every combination of 4 GPUs busy,
+    /// allocated and recorded, with and without a record for the node, and with a drained
+    /// allocation (which holds nothing).
     #[test]
     fn busy_outside_changed_agrees_with_comparing_the_sets() {
         let uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"];
@@ -490,12 +483,13 @@ mod tests {
                         s.external_busy.insert(node.clone(), set);
                     }
                     for busy in 0..16u32 {
-                        let busy_set: BTreeSet<String> =
-                            pick(busy).into_iter().map(String::from).collect();
-                        let expected =
-                            s.busy_outside(&node, &busy_set) != s.recorded_busy_outside(&node);
+                        let held = if drained { 0 } else { allocated };
+                        let outside_mask = busy & !held;
+                        let outside = s.busy_outside(&node, pick(busy));
+                        assert_eq!(outside, pick(outside_mask).into_iter().collect());
+                        let expected = outside_mask != if recorded < 16 { recorded } else { 0 };
                         assert_eq!(
-                            s.busy_outside_changed(&node, pick(busy).into_iter()),
+                            s.busy_outside_changed(&node, &outside),
                             expected,
                             "allocated {allocated:04b} drained {drained} recorded {recorded} busy {busy:04b}"
                         );

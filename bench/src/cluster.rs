@@ -24,6 +24,23 @@ pub fn rss_mib(pid: u32) -> f64 {
     status_mib(pid, "VmRSS:")
 }
 
+/// The CPU time the process has used (user and system, all threads), in seconds; 0 when it
+/// cannot be read.
+pub fn cpu_secs(pid: u32) -> f64 {
+    // SAFETY: sysconf reads a constant of the system and has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command (which may hold spaces) end with ')': state is the
+            // first, utime the 12th and stime the 13th (proc(5)'s fields 14 and 15).
+            let rest = &s[s.rfind(')')? + 1..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .map_or(0.0, |t| t / ticks)
+}
+
 /// The process's peak RSS since it started (`VmHWM`), in MiB.
 pub fn peak_rss_mib(pid: u32) -> f64 {
     status_mib(pid, "VmHWM:")

@@ -98,6 +98,8 @@ pub struct Metrics {
     enrolments: Family<Code, Counter>,
     revocations: Counter,
     pub leader_changes: Counter,
+    /// Heartbeats in each batch this member relayed to the leader.
+    pub relay_batch_size: Histogram,
 }
 
 impl Default for Metrics {
@@ -143,6 +145,13 @@ impl Default for Metrics {
             "Changes of leader this member has seen",
             leader_changes.clone(),
         );
+        // 1 .. 512, the largest batch.
+        let relay_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register(
+            "heartbeat_relay_batch_size",
+            "Heartbeats in each batch this member relayed to the leader",
+            relay_batch_size.clone(),
+        );
         modelforge_raft::metrics::METRICS.register(&mut registry);
         // The encoder leaves out a family with no series: the usual answers start at zero, so
         // each family is there (its # TYPE line first) before its first observation.
@@ -174,6 +183,7 @@ impl Default for Metrics {
             enrolments,
             revocations,
             leader_changes,
+            relay_batch_size,
         }
     }
 }

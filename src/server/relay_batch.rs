@@ -3,6 +3,9 @@
 //! relay in batches"). The leader decides every item exactly as a heartbeat sent to it.
 
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::Request;
@@ -29,7 +32,7 @@ use crate::error::ApiError;
 pub const HEARTBEATS: &str = "/internal/v1/heartbeats";
 /// The most heartbeats in one batch.
 const MAX_BATCH: usize = 512;
-/// Batches in flight to the leader at once; heartbeats queue meanwhile and form the next ones.
+/// Batches in flight to the leader at once; beside another, only a full one goes ([`batches`]).
 const IN_FLIGHT: usize = 4;
 /// Heartbeats of a batch decided in one task.
 const CHUNK: usize = 16;
@@ -151,30 +154,75 @@ fn into_response(a: Answer) -> Response {
     resp
 }
 
-/// Drain the queue into batches, at most [`IN_FLIGHT`] at once.
+/// Drain the queue into batches sent to the leader ([`batches`]).
 pub(super) async fn run(ctx: Shared) {
-    let Some(mut rx) = ctx.heartbeats.rx.lock().ok().and_then(|mut r| r.take()) else {
+    let Some(rx) = ctx.heartbeats.rx.lock().ok().and_then(|mut r| r.take()) else {
         return;
     };
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    batches(rx, MAX_BATCH, IN_FLIGHT, move |batch| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.metrics.relay_batch_size.observe(batch.len() as f64);
+            send(&ctx, batch).await;
+        }
+    })
+    .await;
+}
+
+/// The batching rule: what is queued goes at once when no batch is in flight; while some are,
+/// the next batch keeps gathering until they have all come back or it holds `max` items, and
+/// only a full batch goes beside others (at most `in_flight` at once). So a batch goes alone
+/// when the leader keeps up and fills behind the one in flight when it does not: each peer
+/// call costs both members the same whatever it carries. Returns when the queue closes.
+async fn batches<T, F, Fut>(mut rx: mpsc::Receiver<T>, max: usize, in_flight: usize, send: F)
+where
+    T: Send + 'static,
+    F: Fn(Vec<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    /// Counts a batch in flight until its send ends, however it ends.
+    struct Flying(Arc<(AtomicUsize, tokio::sync::Notify)>);
+    impl Drop for Flying {
+        fn drop(&mut self) {
+            self.0.0.fetch_sub(1, Ordering::AcqRel);
+            // One waiter (the loop below); a permit stored when it is not waiting yet.
+            self.0.1.notify_one();
+        }
+    }
+    let flying = Arc::new((AtomicUsize::new(0), tokio::sync::Notify::new()));
+    let count = |f: &Arc<(AtomicUsize, tokio::sync::Notify)>| f.0.load(Ordering::Acquire);
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
+        while count(&flying) >= in_flight {
+            flying.1.notified().await;
+        }
         let Some(first) = rx.recv().await else {
             return;
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(w) => batch.push(w),
-                Err(_) => break,
+        loop {
+            while batch.len() < max {
+                match rx.try_recv() {
+                    Ok(w) => batch.push(w),
+                    Err(_) => break,
+                }
+            }
+            if batch.len() >= max || count(&flying) == 0 {
+                break;
+            }
+            tokio::select! {
+                w = rx.recv() => match w {
+                    Some(w) => batch.push(w),
+                    None => break,
+                },
+                () = flying.1.notified() => {}
             }
         }
-        let ctx = ctx.clone();
+        flying.0.fetch_add(1, Ordering::AcqRel);
+        let guard = Flying(flying.clone());
+        let fut = send(batch);
         tokio::spawn(async move {
-            send(&ctx, batch).await;
-            drop(slot);
+            fut.await;
+            drop(guard);
         });
     }
 }
@@ -428,5 +476,99 @@ async fn answer_of(resp: Response) -> Answer {
         status,
         retry_after,
         body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Started = mpsc::UnboundedReceiver<(Vec<u32>, oneshot::Sender<()>)>;
+
+    /// The batching loop over a queue of numbers, with a send that reports each batch and
+    /// holds it in flight until the test lets it go (or panics on a batch holding 99).
+    fn start(max: usize, in_flight: usize) -> (mpsc::Sender<u32>, Started) {
+        let (tx, rx) = mpsc::channel(64);
+        let (started_tx, started) = mpsc::unbounded_channel();
+        tokio::spawn(batches(rx, max, in_flight, move |batch: Vec<u32>| {
+            let started_tx = started_tx.clone();
+            async move {
+                let fails = batch.contains(&99);
+                let (done, wait) = oneshot::channel();
+                started_tx.send((batch, done)).expect("the test listens");
+                assert!(!fails, "a send that fails");
+                let _ = wait.await;
+            }
+        }));
+        (tx, started)
+    }
+
+    /// Queue `k` and let the batching loop run (the test runtime has one thread): a rule
+    /// that sent it at once would have done so before this returns.
+    async fn queue(tx: &mpsc::Sender<u32>, k: u32) {
+        tx.send(k).await.unwrap();
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn next(started: &mut Started) -> (Vec<u32>, oneshot::Sender<()>) {
+        started.recv().await.expect("a batch")
+    }
+
+    #[tokio::test]
+    async fn a_lone_heartbeat_goes_at_once_and_the_next_gather_behind_it() {
+        let (tx, mut started) = start(4, 4);
+        queue(&tx, 0).await;
+        let (b0, done0) = next(&mut started).await;
+        assert_eq!(b0, [0]);
+        // Slots are free, but a batch is in flight: these wait for it and go as one.
+        for k in 1..=3 {
+            queue(&tx, k).await;
+        }
+        done0.send(()).unwrap();
+        let (b1, done1) = next(&mut started).await;
+        assert_eq!(b1, [1, 2, 3]);
+        done1.send(()).unwrap();
+        queue(&tx, 4).await;
+        assert_eq!(next(&mut started).await.0, [4]);
+    }
+
+    #[tokio::test]
+    async fn only_full_batches_go_beside_others_and_never_past_the_limit() {
+        let (tx, mut started) = start(4, 2);
+        queue(&tx, 0).await;
+        let (_, done0) = next(&mut started).await;
+        for k in 1..=4 {
+            queue(&tx, k).await;
+        }
+        let (b1, done1) = next(&mut started).await;
+        assert_eq!(
+            b1,
+            [1, 2, 3, 4],
+            "a full batch goes beside the one in flight"
+        );
+        // Two in flight, the limit: even a full batch waits for a slot.
+        for k in 5..=9 {
+            queue(&tx, k).await;
+        }
+        done0.send(()).unwrap();
+        let (b2, done2) = next(&mut started).await;
+        assert_eq!(b2, [5, 6, 7, 8]);
+        // 9 is not a full batch: it waits until both in flight have come back.
+        done1.send(()).unwrap();
+        done2.send(()).unwrap();
+        assert_eq!(next(&mut started).await.0, [9]);
+    }
+
+    #[tokio::test]
+    async fn a_send_that_fails_gives_its_slot_back() {
+        let (tx, mut started) = start(4, 1);
+        queue(&tx, 99).await;
+        assert_eq!(next(&mut started).await.0, [99]);
+        // 99's send panicked in its task (its `done` is never used): 1 goes once the
+        // panicked batch is counted back, or never.
+        queue(&tx, 1).await;
+        assert_eq!(next(&mut started).await.0, [1]);
     }
 }

@@ -10,6 +10,7 @@ use serde_json::json;
 use super::Bench;
 use super::population::Population;
 use crate::cluster::ADMIN;
+use crate::cluster::cpu_secs;
 use crate::load;
 use crate::load::Stats;
 
@@ -20,9 +21,39 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
     // Open-loop heartbeats: each agent at a 1 s interval through the member it talks to, in
     // steps of offered load (a step past capacity shows how it degrades, not just where).
     let mut steps = vec![];
+    // What the members spend with no agent sending: the floor under every step's CPU figure.
+    let member_pids: Vec<u32> = (0..3).filter_map(|i| b.pid(i)).collect();
+    let idle_before: Vec<f64> = member_pids.iter().map(|&pid| cpu_secs(pid)).collect();
+    let idle_start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle: Vec<f64> = member_pids
+        .iter()
+        .zip(&idle_before)
+        .map(|(&pid, before)| (cpu_secs(pid) - before) / idle_start.elapsed().as_secs_f64())
+        .collect();
+    println!(
+        "  members idle with {} nodes: {} cores",
+        agents.len(),
+        idle.iter()
+            .map(|c| format!("{c:.3}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    r.put("members_idle_cores", json!(idle));
     for &rate in p.open_rates {
         let open: Arc<Vec<load::SimAgent>> = Arc::new(agents.iter().take(rate).cloned().collect());
         let offered = open.len() as f64;
+        // The members and this load generator (which shares their cores).
+        let pids: Vec<u32> = (0..3)
+            .filter_map(|i| b.pid(i))
+            .chain([std::process::id()])
+            .collect();
+        let perf = super::perf_record(
+            &format!("open_loop_{rate}"),
+            &pids,
+            Duration::from_secs(p.open_secs),
+        );
+        let cpu_before: Vec<f64> = pids.iter().map(|&pid| cpu_secs(pid)).collect();
         let start = Instant::now();
         let traces = load::run_agents(
             &http,
@@ -34,8 +65,29 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
         )
         .await;
         let secs = start.elapsed().as_secs_f64();
+        // CPU per heartbeat, a figure the machine's noise moves far less than latency: the
+        // members' together and this load generator's (the last pid).
+        let cpu: Vec<f64> = pids
+            .iter()
+            .zip(&cpu_before)
+            .map(|(&pid, before)| cpu_secs(pid) - before)
+            .collect();
+        if let Some(mut perf) = perf {
+            let _ = perf.wait();
+        }
         let (mut lat, mut failed, mut shed) = (vec![], 0, 0);
+        // The same answers by the second they were scheduled in: whether a tail is the step's
+        // onset (new agents' connections) or spread over it.
+        let mut by_second = vec![(vec![], 0usize); p.open_secs as usize + 1];
         for (sched, done, status) in traces.iter().flatten() {
+            let second = &mut by_second[(sched.saturating_duration_since(start).as_secs()
+                as usize)
+                .min(p.open_secs as usize)];
+            match status {
+                Some(200) => second.0.push(*done - *sched),
+                Some(503) => second.1 += 1,
+                _ => {}
+            }
             match status {
                 Some(200) => lat.push(*done - *sched),
                 // Shed by admission control (503 over_capacity, Retry-After): answered at
@@ -45,6 +97,21 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
             }
         }
         let s = Stats::new(lat, failed, secs);
+        let answered = (s.ok + shed + s.failed).max(1) as f64;
+        let (generator_cpu, members_cpu) = cpu
+            .split_last()
+            .map_or((0.0, 0.0), |(g, m)| (*g, m.iter().sum()));
+        let us_each = |cpu: f64| cpu * 1e6 / answered;
+        println!(
+            "  {rate}/s: CPU per answered heartbeat {:.0} us in the members ({}), {:.0} us in the load generator",
+            us_each(members_cpu),
+            cpu[..cpu.len().saturating_sub(1)]
+                .iter()
+                .map(|c| format!("{:.0}", us_each(*c)))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            us_each(generator_cpu)
+        );
         r.row(
             &format!("Heartbeats open-loop, {rate} agents at 1/s each"),
             format!(
@@ -62,7 +129,37 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
             },
             (rate >= 10_000).then(|| s.pct(0.99) < 10.0 && s.rate() >= 0.95 * offered),
         );
-        steps.push(json!({"offered_per_s": offered, "shed": shed, "stats": s.json()}));
+        let seconds: Vec<_> = by_second
+            .into_iter()
+            .map(|(lat, shed)| {
+                let s = Stats::new(lat, 0, 1.0);
+                json!({"admitted": s.ok, "shed": shed, "p99_ms": s.pct(0.99), "max_ms": s.pct(1.0)})
+            })
+            .collect();
+        println!(
+            "  {rate}/s by second (admitted, shed, p99 ms): {}",
+            seconds
+                .iter()
+                .map(|v| format!(
+                    "{} {} {:.1}",
+                    v["admitted"],
+                    v["shed"],
+                    v["p99_ms"].as_f64().unwrap_or(0.0)
+                ))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        steps.push(json!({
+            "offered_per_s": offered,
+            "shed": shed,
+            "stats": s.json(),
+            "by_second": seconds,
+            "cpu_us_per_answer": {
+                "members": us_each(members_cpu),
+                "each_member": cpu[..cpu.len().saturating_sub(1)].iter().map(|c| us_each(*c)).collect::<Vec<_>>(),
+                "load_generator": us_each(generator_cpu),
+            },
+        }));
     }
     r.put("heartbeats_open_loop", json!(steps));
 

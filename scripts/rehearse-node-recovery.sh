@@ -193,7 +193,24 @@ heartbeat_status() {
     -H "Authorization: Bearer $1" -H 'Content-Type: application/json' --data '{}' \
     "https://127.0.0.1:${PORTS[0]}/api/v1/agent/nodes/$2/heartbeat" 2>/dev/null || echo 000
 }
-is_status() { [ "$(heartbeat_status "$2" "$3")" = "$1" ]; }
+# heartbeat_decided CRED NODE: the first answer that decides (not 503 "cannot decide now",
+# shed or leadership moving, nor no answer), polled for up to $WAIT s as an agent would retry;
+# the last answer if none did. A 200 or 401 is never retried.
+heartbeat_decided() {
+  local got start=$EPOCHREALTIME
+  while :; do
+    got=$(heartbeat_status "$1" "$2")
+    case $got in 503 | 000) ;; *) break ;; esac
+    awk -v a="$start" -v b="$EPOCHREALTIME" -v l="$WAIT" 'BEGIN { exit !(b - a > l) }' && break
+    sleep "$POLL"
+  done
+  echo "$got"
+}
+# is_status CODE CRED NODE: the decided answer is CODE (says what it was otherwise).
+is_status() {
+  local got; got=$(heartbeat_decided "$2" "$3")
+  [ "$got" = "$1" ] || { echo "    (got $got)"; return 1; }
+}
 
 # wait_for DESCRIPTION LIMIT_S COMMAND...: poll COMMAND until it succeeds.
 wait_for() {
@@ -548,8 +565,8 @@ confirm_checklist() {
   local b_active; b_active=$(j 'd["active"]')
   local a_active; a_active=$(active_credentials "$NODE_A")
   local c1 c2 c3 c4
-  c1=$(heartbeat_status "$C1" "$NODE_A"); c2=$(heartbeat_status "$C2" "$NODE_A")
-  c3=$(heartbeat_status "$C3" "$NODE_A"); c4=$(heartbeat_status "$C4" "$NODE_B")
+  c1=$(heartbeat_decided "$C1" "$NODE_A"); c2=$(heartbeat_decided "$C2" "$NODE_A")
+  c3=$(heartbeat_decided "$C3" "$NODE_A"); c4=$(heartbeat_decided "$C4" "$NODE_B")
   confirm "one active credential, the old ones revoked" \
     "node B active $b_active; old node A active $a_active; C1/C2/C3 answer $c1/$c2/$c3" \
     bash -c "[ $b_active = 1 ] && [ $a_active = 0 ] && [ $c1$c2$c3 = 401401401 ]"

@@ -513,7 +513,10 @@ mod tests {
     }
 
     async fn next(started: &mut Started) -> (Vec<u32>, oneshot::Sender<()>) {
-        started.recv().await.expect("a batch")
+        tokio::time::timeout(Duration::from_secs(10), started.recv())
+            .await
+            .expect("a batch goes within 10 s")
+            .expect("a batch")
     }
 
     #[tokio::test]

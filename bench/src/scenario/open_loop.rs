@@ -26,10 +26,10 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
     let idle_before: Vec<f64> = member_pids.iter().map(|&pid| cpu_secs(pid)).collect();
     let idle_start = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle: Vec<f64> = member_pids
+    let idle_secs = idle_start.elapsed().as_secs_f64();
+    let idle: Vec<f64> = cpu_since(&member_pids, &idle_before)
         .iter()
-        .zip(&idle_before)
-        .map(|(&pid, before)| (cpu_secs(pid) - before) / idle_start.elapsed().as_secs_f64())
+        .map(|cpu| cpu / idle_secs)
         .collect();
     println!(
         "  members idle with {} nodes: {} cores",
@@ -44,8 +44,9 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
         let open: Arc<Vec<load::SimAgent>> = Arc::new(agents.iter().take(rate).cloned().collect());
         let offered = open.len() as f64;
         // The members and this load generator (which shares their cores).
-        let pids: Vec<u32> = (0..3)
-            .filter_map(|i| b.pid(i))
+        let pids: Vec<u32> = member_pids
+            .iter()
+            .copied()
             .chain([std::process::id()])
             .collect();
         let perf = super::perf_record(
@@ -67,11 +68,7 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
         let secs = start.elapsed().as_secs_f64();
         // CPU per heartbeat, a figure the machine's noise moves far less than latency: the
         // members' together and this load generator's (the last pid).
-        let cpu: Vec<f64> = pids
-            .iter()
-            .zip(&cpu_before)
-            .map(|(&pid, before)| cpu_secs(pid) - before)
-            .collect();
+        let cpu = cpu_since(&pids, &cpu_before);
         if let Some(mut perf) = perf {
             let _ = perf.wait();
         }
@@ -98,19 +95,19 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
         }
         let s = Stats::new(lat, failed, secs);
         let answered = (s.ok + shed + s.failed).max(1) as f64;
-        let (generator_cpu, members_cpu) = cpu
-            .split_last()
-            .map_or((0.0, 0.0), |(g, m)| (*g, m.iter().sum()));
+        let (generator_cpu, each_member_cpu) = cpu.split_last().unwrap_or((&0.0, &[]));
         let us_each = |cpu: f64| cpu * 1e6 / answered;
+        let each_member: Vec<f64> = each_member_cpu.iter().map(|c| us_each(*c)).collect();
+        let members_us: f64 = each_member.iter().sum();
         println!(
             "  {rate}/s: CPU per answered heartbeat {:.0} us in the members ({}), {:.0} us in the load generator",
-            us_each(members_cpu),
-            cpu[..cpu.len().saturating_sub(1)]
+            members_us,
+            each_member
                 .iter()
-                .map(|c| format!("{:.0}", us_each(*c)))
+                .map(|us| format!("{us:.0}"))
                 .collect::<Vec<_>>()
                 .join(" / "),
-            us_each(generator_cpu)
+            us_each(*generator_cpu)
         );
         r.row(
             &format!("Heartbeats open-loop, {rate} agents at 1/s each"),
@@ -155,9 +152,9 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
             "stats": s.json(),
             "by_second": seconds,
             "cpu_us_per_answer": {
-                "members": us_each(members_cpu),
-                "each_member": cpu[..cpu.len().saturating_sub(1)].iter().map(|c| us_each(*c)).collect::<Vec<_>>(),
-                "load_generator": us_each(generator_cpu),
+                "members": members_us,
+                "each_member": each_member,
+                "load_generator": us_each(*generator_cpu),
             },
         }));
     }
@@ -185,4 +182,12 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
         "settled after the open-loop steps in {:.1} s",
         settle.elapsed().as_secs_f64()
     );
+}
+
+/// The CPU seconds each of `pids` used since `before` (read with [`cpu_secs`], same order).
+fn cpu_since(pids: &[u32], before: &[f64]) -> Vec<f64> {
+    pids.iter()
+        .zip(before)
+        .map(|(&pid, before)| cpu_secs(pid) - before)
+        .collect()
 }

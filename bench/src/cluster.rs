@@ -257,52 +257,78 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// None when no etcd binary is installed or it did not become healthy.
-    pub async fn start(dir: &Path) -> Option<Self> {
+    /// None when no etcd binary is installed or it did not become healthy. With `ca`, etcd
+    /// speaks TLS as the members do: clients over HTTPS (server certificate only, as admin
+    /// clients use the members), peers over mutual TLS (`--peer-client-cert-auth`), every
+    /// certificate issued from the harness CA the load client trusts.
+    pub async fn start(dir: &Path, ca: Option<&devkit::Ca>) -> Option<Self> {
         let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
             .into_iter()
             .find(|p| Path::new(p).exists())?;
+        let scheme = if ca.is_some() { "https" } else { "http" };
         let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let peer: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let initial: Vec<String> = (0..3)
-            .map(|i| format!("e{i}=http://127.0.0.1:{}", peer[i]))
+            .map(|i| format!("e{i}={scheme}://127.0.0.1:{}", peer[i]))
             .collect();
         let mut etcd = Etcd {
             urls: client
                 .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
+                .map(|p| format!("{scheme}://127.0.0.1:{p}"))
                 .collect(),
             children: vec![],
         };
+        let ca_key = match ca {
+            Some(ca) => Some(std::fs::read_to_string(&ca.key).ok()?),
+            None => None,
+        };
         for (i, peer_port) in peer.iter().enumerate() {
             let log = std::fs::File::create(dir.join(format!("etcd{i}.log"))).ok()?;
-            let child = Command::new(bin)
-                .args(["--name", &format!("e{i}")])
-                .args([
-                    "--data-dir",
-                    &dir.join(format!("etcd{i}")).display().to_string(),
-                ])
+            let data_dir = dir.join(format!("etcd{i}-{scheme}"));
+            let mut cmd = Command::new(bin);
+            cmd.args(["--name", &format!("e{i}")])
+                .args(["--data-dir", &data_dir.display().to_string()])
                 .args(["--listen-client-urls", &etcd.urls[i]])
                 .args(["--advertise-client-urls", &etcd.urls[i]])
                 .args([
                     "--listen-peer-urls",
-                    &format!("http://127.0.0.1:{peer_port}"),
+                    &format!("{scheme}://127.0.0.1:{peer_port}"),
                 ])
                 .args([
                     "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer_port}"),
+                    &format!("{scheme}://127.0.0.1:{peer_port}"),
                 ])
                 .args(["--initial-cluster", &initial.join(",")])
                 .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", "modelforge-bench"])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
+                .args(["--initial-cluster-token", "modelforge-bench"]);
+            if let (Some(ca), Some(ca_key)) = (ca, &ca_key) {
+                let (cert, key) = modelforge::tls::issue_member(
+                    &ca.pem,
+                    ca_key,
+                    1000 + i as u64,
+                    &["127.0.0.1".into(), "localhost".into()],
+                )
                 .ok()?;
+                let cert_file = dir.join(format!("etcd{i}.pem"));
+                let key_file = dir.join(format!("etcd{i}.key"));
+                std::fs::write(&cert_file, cert).ok()?;
+                std::fs::write(&key_file, key).ok()?;
+                let (cert_file, key_file, ca_file) = (
+                    cert_file.display().to_string(),
+                    key_file.display().to_string(),
+                    ca.cert.display().to_string(),
+                );
+                cmd.args(["--cert-file", &cert_file])
+                    .args(["--key-file", &key_file])
+                    .args(["--peer-cert-file", &cert_file])
+                    .args(["--peer-key-file", &key_file])
+                    .args(["--peer-trusted-ca-file", &ca_file])
+                    .arg("--peer-client-cert-auth");
+            }
+            let child = cmd.stdout(Stdio::null()).stderr(log).spawn().ok()?;
             etcd.children.push(child);
         }
-        modelforge_devkit::install_tls_provider();
-        let http = reqwest::Client::builder().no_proxy().build().ok()?;
+        let http = devkit::http();
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(30) {
             let mut healthy = 0;

@@ -5,12 +5,18 @@
 //! queues a disk operation. One writer thread drains the queue into a single redb write
 //! transaction (`Durability::Immediate`, i.e. fsync), commits, and only then completes the
 //! callbacks of every operation in that batch, in order. Under concurrency many appends share
-//! one fsync; a lone append costs one.
+//! one fsync; a lone append costs one. The committed index, which openraft saves after every
+//! commit and which needs no durability, never costs an fsync of its own while the log is
+//! busy: a batch of nothing else waits up to [`COMMITTED_LINGER`] for the next operation and
+//! shares its transaction.
 //!
 //! Invariants:
 //! - an append is reported flushed only after the transaction that holds it committed;
 //! - operations reach disk in the order openraft issued them (one queue, one writer);
 //! - `save_vote`, `truncate_after` and `purge` return only once durable;
+//! - a saved committed index reaches disk with the next operation or within
+//!   [`COMMITTED_LINGER`] (a stale one on disk only makes a restart apply less before the
+//!   leader says what is committed);
 //! - a store that once held a vote and now opens without one refuses to start (a forgotten
 //!   vote can elect two leaders in one term), detected with a marker file beside the database.
 
@@ -22,7 +28,10 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::RwLock;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
+use std::time::Duration;
 
 use openraft::LogState;
 use openraft::OptionalSend;
@@ -47,6 +56,10 @@ const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "purged";
 /// The most operations folded into one transaction.
 const MAX_BATCH_OPS: usize = 4096;
+/// How long a batch that holds only the committed index waits for another operation to share
+/// its fsync. At one client a commit's own fsync held the disk while the next write's append
+/// queued behind it, on the leader and on each follower.
+pub const COMMITTED_LINGER: Duration = Duration::from_millis(100);
 
 type C = TypeConfig;
 
@@ -91,6 +104,8 @@ struct Mirror {
 struct Shared {
     mirror: RwLock<Mirror>,
     tx: mpsc::Sender<(Op, Done)>,
+    /// Transactions the writer committed (each one fsync).
+    commits: Arc<AtomicU64>,
 }
 
 /// The log store handed to openraft; clones share one database and one writer.
@@ -125,6 +140,10 @@ fn marker_path(path: &Path) -> PathBuf {
 impl LogStore {
     /// Open (or create) the log at `path` and start its writer thread.
     pub fn open(path: &Path) -> Result<Self, OpenError> {
+        Self::open_with(path, COMMITTED_LINGER)
+    }
+
+    fn open_with(path: &Path, linger: Duration) -> Result<Self, OpenError> {
         let db_err = |e: Box<dyn std::error::Error + Send + Sync>| OpenError::Db {
             path: path.to_path_buf(),
             source: e,
@@ -171,16 +190,24 @@ impl LogStore {
         }
         let (tx, rx) = mpsc::channel::<(Op, Done)>();
         let has_marker = marker.exists();
+        let commits = Arc::new(AtomicU64::new(0));
+        let writer_commits = commits.clone();
         std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || writer(db, rx, marker, has_marker))
+            .spawn(move || writer(db, rx, marker, has_marker, linger, &writer_commits))
             .map_err(|e| db_err(e.into()))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 mirror: RwLock::new(mirror),
                 tx,
+                commits,
             }),
         })
+    }
+
+    /// Transactions (fsyncs) the writer has committed since the store was opened.
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
     }
 
     fn submit(&self, op: Op, done: Done) -> io::Result<()> {
@@ -224,15 +251,30 @@ fn writer(
     rx: mpsc::Receiver<(Op, Done)>,
     marker: PathBuf,
     mut has_marker: bool,
+    linger: Duration,
+    commits: &AtomicU64,
 ) {
-    let mut closing = None;
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
+    let drain = |batch: &mut Vec<(Op, Done)>| {
         while batch.len() < MAX_BATCH_OPS {
             match rx.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
             }
+        }
+    };
+    let mut closing = None;
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        drain(&mut batch);
+        // Only the committed index: wait for the next operation to share its fsync (on a
+        // timeout or a dropped store it is written alone).
+        if batch
+            .iter()
+            .all(|(op, done)| matches!((op, done), (Op::Put(KEY_COMMITTED, _), Done::Nothing)))
+            && let Ok(next) = rx.recv_timeout(linger)
+        {
+            batch.push(next);
+            drain(&mut batch);
         }
         // Everything after a close is refused: the store is going away.
         if let Some(at) = batch.iter().position(|(op, _)| matches!(op, Op::Close)) {
@@ -247,6 +289,7 @@ fn writer(
             .any(|(op, _)| matches!(op, Op::Put(KEY_VOTE, _)));
         let started = std::time::Instant::now();
         let mut result = write_batch(&db, &batch).map_err(|e| e.to_string());
+        commits.fetch_add(1, Ordering::Relaxed);
         crate::metrics::METRICS
             .fsync
             .observe(crate::metrics::secs(started.elapsed()));
@@ -407,5 +450,80 @@ impl RaftLogStorage<C> for LogStore {
         }
         self.submit_and_wait(Op::PurgeUpTo(log_id.index(), bytes))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::testing::blank_ent;
+    use openraft::testing::log_id;
+    use openraft::type_config::TypeConfigExt;
+
+    use super::*;
+
+    async fn append_and_wait(store: &mut LogStore, index: u64) {
+        let (tx, rx) = C::oneshot();
+        store
+            .append([blank_ent::<C>(1, 1, index)], IOFlushed::signal(tx))
+            .await
+            .unwrap();
+        rx.await.unwrap().unwrap();
+    }
+
+    /// The committed index saved between two appends shares the second append's fsync (a
+    /// linger far longer than the test, so that only that sharing can explain one commit).
+    #[tokio::test]
+    async fn a_saved_committed_index_shares_the_next_append_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.redb");
+        let mut store = LogStore::open_with(&path, Duration::from_secs(3600)).unwrap();
+        append_and_wait(&mut store, 1).await;
+        let before = store.commits();
+        store
+            .save_committed(Some(log_id::<C>(1, 1, 1)))
+            .await
+            .unwrap();
+        append_and_wait(&mut store, 2).await;
+        assert_eq!(
+            store.commits() - before,
+            1,
+            "the committed index cost an fsync of its own"
+        );
+        store.close().await;
+        drop(store);
+        let mut reopened = LogStore::open(&path).unwrap();
+        assert_eq!(
+            reopened.read_committed().await.unwrap(),
+            Some(log_id::<C>(1, 1, 1))
+        );
+    }
+
+    /// A committed index that nothing follows is written alone once the linger passes.
+    #[tokio::test]
+    async fn a_lone_committed_index_is_written_after_the_linger() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.redb");
+        let mut store = LogStore::open_with(&path, Duration::from_millis(20)).unwrap();
+        append_and_wait(&mut store, 1).await;
+        let before = store.commits();
+        store
+            .save_committed(Some(log_id::<C>(1, 1, 1)))
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.commits() == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the committed index was never written"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        store.close().await;
+        drop(store);
+        let mut reopened = LogStore::open(&path).unwrap();
+        assert_eq!(
+            reopened.read_committed().await.unwrap(),
+            Some(log_id::<C>(1, 1, 1))
+        );
     }
 }

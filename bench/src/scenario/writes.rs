@@ -72,9 +72,12 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
     for c in p.write_clients {
         let pids: Vec<u32> = (0..3).filter_map(|i| a.cluster.pid(i)).collect();
         let perf = super::perf_record(&format!("writes_{c}_clients"), &pids, p.dur);
+        let urls = a.cluster.urls();
         let before = server_time(&http, leader_url).await;
+        let fsyncs_before = fsyncs(&http, &urls).await;
         let s = measure(&http, agents_a, leader_url, c, p.dur).await;
         let after = server_time(&http, leader_url).await;
+        let fsyncs_after = fsyncs(&http, &urls).await;
         if let Some(mut perf) = perf {
             let _ = perf.wait();
         }
@@ -84,57 +87,62 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
             .zip(after)
             .filter(|(b, a)| a.1 > b.1)
             .map(|(b, a)| 1000.0 * (a.0 - b.0) / (a.1 - b.1));
+        // Group commits of each member's Raft log per answered write: what a write costs the
+        // disks (a lone write costs each member one; fewer is batching).
+        let answered = s.lat.len().max(1) as f64;
+        let fsyncs_per_write: Vec<Option<f64>> = fsyncs_before
+            .iter()
+            .zip(&fsyncs_after)
+            .map(|(b, a)| b.zip(*a).map(|(b, a)| (a - b) / answered))
+            .collect();
         println!(
-            "  writes, {c} clients: {:.0}/s p50 {:.2} ms p99 {:.2} ms ({} failed); mean on the leader {}",
+            "  writes, {c} clients: {:.0}/s p50 {:.2} ms p99 {:.2} ms ({} failed); mean on the leader {}; log fsyncs per write by member {}",
             s.rate(),
             s.pct(0.5),
             s.pct(0.99),
             s.failed,
-            server_ms.map_or("unknown".into(), |ms| format!("{ms:.2} ms"))
+            server_ms.map_or("unknown".into(), |ms| format!("{ms:.2} ms")),
+            fsyncs_per_write
+                .iter()
+                .map(|f| f.map_or("?".into(), |f| format!("{f:.2}")))
+                .collect::<Vec<_>>()
+                .join(" / ")
         );
         let mut json = s.json();
         json["leader_mean_ms"] = serde_json::json!(server_ms);
+        json["log_fsyncs_per_write"] = serde_json::json!(fsyncs_per_write);
         r.put(&format!("writes_{c}_clients"), json);
         ours.push(s);
     }
-    let etcd = if with_etcd {
-        Etcd::start(&dir).await
-    } else {
-        None
-    };
-    let mut theirs: Vec<Option<Stats>> = vec![];
-    for c in p.write_clients {
-        let Some(e) = &etcd else {
-            theirs.push(None);
-            continue;
-        };
-        let (h, us) = (http.clone(), e.urls.clone());
-        let s = drive(c, p.dur, move |l, n| {
-            let (h, u) = (h.clone(), us[l % us.len()].clone());
-            async move {
-                let body =
-                    json!({"key": crate::cluster::b64(format!("k{n}").as_bytes()), "value": "dmFsdWU="});
-                h.post(format!("{u}/v3/kv/put"))
-                    .json(&body)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status() == 200)
-            }
-        })
-        .await;
-        r.put(&format!("etcd_{c}_clients"), s.json());
-        theirs.push(Some(s));
+    // The reference speaks TLS as the members do (the bar: TLS on both sides); etcd
+    // over plain HTTP is measured too, for the record.
+    let ca = modelforge_devkit::ca(&b.bin);
+    let theirs = etcd_writes(&http, &dir, Some(ca), p, with_etcd).await;
+    let theirs_plain = etcd_writes(&http, &dir, None, p, with_etcd).await;
+    for (i, c) in p.write_clients.iter().enumerate() {
+        if let Some(e) = &theirs[i] {
+            r.put(&format!("etcd_{c}_clients"), e.json());
+        }
+        if let Some(e) = &theirs_plain[i] {
+            r.put(&format!("etcd_plain_{c}_clients"), e.json());
+        }
     }
-    drop(etcd);
     for (i, c) in p.write_clients.iter().enumerate() {
         let s = &ours[i];
         let (reference, met) = match &theirs[i] {
             Some(e) => (
                 format!(
-                    "etcd {:.0}/s p99 {:.2} ms ({:.2}x)",
+                    "etcd over TLS {:.0}/s p99 {:.2} ms ({:.2}x){}",
                     e.rate(),
                     e.pct(0.99),
-                    s.rate() / e.rate().max(1e-9)
+                    s.rate() / e.rate().max(1e-9),
+                    theirs_plain[i]
+                        .as_ref()
+                        .map_or(String::new(), |plain| format!(
+                            "; plain HTTP {:.0}/s p99 {:.2} ms",
+                            plain.rate(),
+                            plain.pct(0.99)
+                        ))
                 ),
                 (*c == 128).then(|| s.rate() >= 2.0 * e.rate() && s.pct(0.99) <= e.pct(0.99)),
             ),
@@ -162,18 +170,75 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
     }
 }
 
-/// The leader's own time for the writes' routes so far: (seconds, requests), summed from its
-/// `modelforge_http_request_duration_seconds` histogram over the cordon, uncordon and
-/// credential routes.
-async fn server_time(http: &reqwest::Client, leader_url: &str) -> Option<(f64, f64)> {
-    let text = http
-        .get(format!("{leader_url}/metrics"))
+/// etcd's put rate at each of the profile's client counts (None throughout when it is not
+/// installed or `with_etcd` is off), on a fresh 3-member etcd over TLS with `ca`, else plain.
+async fn etcd_writes(
+    http: &reqwest::Client,
+    dir: &std::path::Path,
+    ca: Option<&modelforge_devkit::Ca>,
+    p: &crate::Profile,
+    with_etcd: bool,
+) -> Vec<Option<Stats>> {
+    let etcd = if with_etcd {
+        Etcd::start(dir, ca).await
+    } else {
+        None
+    };
+    let mut out = vec![];
+    for c in p.write_clients {
+        let Some(e) = &etcd else {
+            out.push(None);
+            continue;
+        };
+        let (h, us) = (http.clone(), e.urls.clone());
+        let s = drive(c, p.dur, move |l, n| {
+            let (h, u) = (h.clone(), us[l % us.len()].clone());
+            async move {
+                let body =
+                    json!({"key": crate::cluster::b64(format!("k{n}").as_bytes()), "value": "dmFsdWU="});
+                h.post(format!("{u}/v3/kv/put"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await;
+        out.push(Some(s));
+    }
+    out
+}
+
+/// Each member's Raft log group commits so far (`None` where its metrics did not answer).
+async fn fsyncs(http: &reqwest::Client, urls: &[String]) -> Vec<Option<f64>> {
+    let mut out = vec![];
+    for url in urls {
+        let count = metrics_text(http, url).await.and_then(|text| {
+            text.lines().find_map(|line| {
+                line.strip_prefix("modelforge_disk_fsync_duration_seconds_count ")
+                    .and_then(|v| v.parse().ok())
+            })
+        });
+        out.push(count);
+    }
+    out
+}
+
+async fn metrics_text(http: &reqwest::Client, url: &str) -> Option<String> {
+    http.get(format!("{url}/metrics"))
         .send()
         .await
         .ok()?
         .text()
         .await
-        .ok()?;
+        .ok()
+}
+
+/// The leader's own time for the writes' routes so far: (seconds, requests), summed from its
+/// `modelforge_http_request_duration_seconds` histogram over the cordon, uncordon and
+/// credential routes.
+async fn server_time(http: &reqwest::Client, leader_url: &str) -> Option<(f64, f64)> {
+    let text = metrics_text(http, leader_url).await?;
     let mut sum = (0.0, 0.0);
     for line in text.lines() {
         let Some((series, value)) = line.rsplit_once(' ') else {

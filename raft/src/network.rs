@@ -470,7 +470,7 @@ where
 {
     let io = |e: std::io::Error| PeerRpcError::Io(e.to_string());
     let nonce: [u8; 8] = rand_bytes();
-    let name: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let name = modelforge_proto::hex(&nonce);
     let path = dir.join(format!("{}{name}", crate::state_machine::INCOMING_PREFIX));
     let file = tokio::fs::File::create(&path).await.map_err(io)?;
     let mut received = ReceivedSnapshot {

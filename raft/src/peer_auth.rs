@@ -8,6 +8,8 @@
 
 use hmac::KeyInit;
 use hmac::Mac;
+use modelforge_proto::hex;
+use modelforge_proto::unhex;
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
@@ -186,25 +188,6 @@ fn mac(key: &[u8], method: &str, path_and_query: &str, hops: u32, s: &Signed) ->
         m.update(field);
     }
     m.finalize().into_bytes().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 #[cfg(test)]

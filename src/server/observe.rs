@@ -65,11 +65,18 @@ fn acceptable_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// A fresh request id: 32 hex digits, this process's random 64-bit prefix then a counter.
+/// Unique, not secret (it is echoed and logged), so one draw from the OS per process, not one
+/// system call per request.
 fn new_request_id() -> String {
-    modelforge_proto::random_bytes::<16>()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    static PREFIX: std::sync::LazyLock<[u8; 8]> =
+        std::sync::LazyLock::new(modelforge_proto::random_bytes::<8>);
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&*PREFIX);
+    bytes[8..].copy_from_slice(&n.to_be_bytes());
+    modelforge_proto::hex(&bytes)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -451,4 +458,27 @@ fn readiness_checks(ctx: &Shared, s: &modelforge_raft::ClusterStatus) -> Vec<api
             },
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fresh ids are 32 lowercase hex digits, accepted as ids, and never repeat (this process's
+    /// prefix, then a counter).
+    #[test]
+    fn fresh_request_ids_are_hex_and_unique() {
+        let ids: Vec<String> = (0..1000).map(|_| new_request_id()).collect();
+        for id in &ids {
+            assert_eq!(id.len(), 32);
+            assert!(
+                id.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            );
+            assert!(acceptable_id(id));
+            assert_eq!(id[..16], ids[0][..16], "one prefix per process");
+        }
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+    }
 }

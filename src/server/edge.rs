@@ -296,8 +296,11 @@ pub fn leave_admission() {
 }
 
 /// How long a shed agent is told to stay away (`Retry-After`): one second at first, doubled
-/// at the end of every second in which agent requests were shed, halved for every second in
-/// which none were, never more than `cap_s`. Agents wait that long plus up to as long again,
+/// at the end of every second in which more than a tenth of the agent requests were shed,
+/// held through a second with fewer sheds, halved for every second in which none were, never
+/// more than `cap_s`. (Doubling on any shed drove the level to its cap from a handful of
+/// queue-delay sheds at saturation, and the next agents shed, even once, stayed away that
+/// long: a flood right after measuring capacity admitted a few hundred per second.) Agents wait that long plus up to as long again,
 /// so a fleet that keeps offering more than the member serves is spread over a growing window
 /// until what it offers fits, instead of the member spending its CPU answering 503s (a shed
 /// request costs about two thirds of an admitted heartbeat: the transport, not the handler,
@@ -307,6 +310,7 @@ pub struct ShedBackoff {
     /// Milliseconds from `origin` at which the current one-second window began.
     window_ms: AtomicU64,
     shed_in_window: AtomicU64,
+    admitted_in_window: AtomicU64,
     after_s: AtomicU64,
     cap_s: u64,
 }
@@ -317,6 +321,7 @@ impl ShedBackoff {
             origin: Instant::now(),
             window_ms: AtomicU64::new(0),
             shed_in_window: AtomicU64::new(0),
+            admitted_in_window: AtomicU64::new(0),
             after_s: AtomicU64::new(1),
             cap_s: cap_s.max(1),
         }
@@ -329,9 +334,10 @@ impl ShedBackoff {
         self.after_s.load(Ordering::Relaxed)
     }
 
-    /// A request was admitted (moves the window on when a second has passed).
+    /// A request was admitted: count it (and move the window on when a second has passed).
     pub fn admitted(&self) {
         self.roll(self.now_ms());
+        self.admitted_in_window.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The `Retry-After` a request shed now would get.
@@ -358,11 +364,16 @@ impl ShedBackoff {
             return;
         }
         let shed = self.shed_in_window.swap(0, Ordering::Relaxed);
+        let admitted = self.admitted_in_window.swap(0, Ordering::Relaxed);
         let level = self.after_s.load(Ordering::Relaxed);
-        let next = if shed > 0 {
-            // Shedding went on through the window just ended; the seconds after it (if the
-            // window is older than one second) passed without a request at all.
-            (level.saturating_mul(2).min(self.cap_s) >> (seconds - 1).min(63)).max(1)
+        // The seconds after the window (if it is older than one second) passed without a
+        // request at all.
+        let quiet = (seconds - 1).min(63);
+        let next = if shed.saturating_mul(10) > shed.saturating_add(admitted) {
+            // More than a tenth shed: the fleet offers more than fits; spread it wider.
+            (level.saturating_mul(2).min(self.cap_s) >> quiet).max(1)
+        } else if shed > 0 {
+            (level >> quiet).max(1)
         } else {
             (level >> seconds.min(63)).max(1)
         };
@@ -554,6 +565,42 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         assert!(!off.over_target());
         probe.abort();
+    }
+
+    /// A second with a few sheds among many admitted requests holds the level (neither
+    /// doubled nor halved); past a tenth shed it doubles.
+    #[test]
+    fn retry_after_holds_through_a_few_sheds_and_doubles_past_a_tenth() {
+        let b = ShedBackoff::new(7);
+        let level = |b: &ShedBackoff| b.after_s.load(std::sync::atomic::Ordering::Relaxed);
+        let window = |b: &ShedBackoff, shed: u64, admitted: u64, at_ms: u64| {
+            b.shed_in_window
+                .store(shed, std::sync::atomic::Ordering::Relaxed);
+            b.admitted_in_window
+                .store(admitted, std::sync::atomic::Ordering::Relaxed);
+            b.roll(at_ms);
+        };
+        window(&b, 100, 1_000, 1_000);
+        assert_eq!(level(&b), 1, "a tenth or less shed does not double");
+        window(&b, 120, 1_000, 2_000);
+        assert_eq!(level(&b), 2, "more than a tenth doubles");
+        window(&b, 5, 20_000, 3_000);
+        assert_eq!(level(&b), 2, "a few sheds hold the level");
+        window(&b, 0, 20_000, 4_000);
+        assert_eq!(level(&b), 1, "none halves it");
+        // Counted through the public calls: one admitted, one shed in the window.
+        let b = ShedBackoff::new(7);
+        b.admitted();
+        b.shed();
+        assert_eq!(
+            b.admitted_in_window
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert_eq!(
+            b.shed_in_window.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
     }
 
     #[test]

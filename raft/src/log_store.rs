@@ -470,46 +470,54 @@ mod tests {
         rx.await.unwrap().unwrap();
     }
 
-    /// The committed index saved between two appends shares the second append's fsync (a
-    /// linger far longer than the test, so that only that sharing can explain one commit).
-    #[tokio::test]
-    async fn a_saved_committed_index_shares_the_next_append_fsync() {
+    /// A store with one entry appended, then the committed index (1, 1, 1) saved: the store,
+    /// the commits before the save, and the temporary dir that holds it.
+    async fn store_with_committed_saved(
+        linger: Duration,
+    ) -> (LogStore, u64, PathBuf, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.redb");
-        let mut store = LogStore::open_with(&path, Duration::from_secs(3600)).unwrap();
+        let mut store = LogStore::open_with(&path, linger).unwrap();
         append_and_wait(&mut store, 1).await;
         let before = store.commits();
         store
             .save_committed(Some(log_id::<C>(1, 1, 1)))
             .await
             .unwrap();
-        append_and_wait(&mut store, 2).await;
-        assert_eq!(
-            store.commits() - before,
-            1,
-            "the committed index cost an fsync of its own"
-        );
+        (store, before, path, dir)
+    }
+
+    /// Close `store`, open its file again and check that it holds the saved committed index.
+    async fn assert_committed_on_disk(store: LogStore, path: &Path) {
         store.close().await;
         drop(store);
-        let mut reopened = LogStore::open(&path).unwrap();
+        let mut reopened = LogStore::open(path).unwrap();
         assert_eq!(
             reopened.read_committed().await.unwrap(),
             Some(log_id::<C>(1, 1, 1))
         );
     }
 
+    /// The committed index saved between two appends shares the second append's fsync (a
+    /// linger far longer than the test, so that only that sharing can explain one commit).
+    #[tokio::test]
+    async fn a_saved_committed_index_shares_the_next_append_fsync() {
+        let (mut store, before, path, _dir) =
+            store_with_committed_saved(Duration::from_secs(3600)).await;
+        append_and_wait(&mut store, 2).await;
+        assert_eq!(
+            store.commits() - before,
+            1,
+            "the committed index cost an fsync of its own"
+        );
+        assert_committed_on_disk(store, &path).await;
+    }
+
     /// A committed index that nothing follows is written alone once the linger passes.
     #[tokio::test]
     async fn a_lone_committed_index_is_written_after_the_linger() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log.redb");
-        let mut store = LogStore::open_with(&path, Duration::from_millis(20)).unwrap();
-        append_and_wait(&mut store, 1).await;
-        let before = store.commits();
-        store
-            .save_committed(Some(log_id::<C>(1, 1, 1)))
-            .await
-            .unwrap();
+        let (store, before, path, _dir) =
+            store_with_committed_saved(Duration::from_millis(20)).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while store.commits() == before {
             assert!(
@@ -518,12 +526,6 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        store.close().await;
-        drop(store);
-        let mut reopened = LogStore::open(&path).unwrap();
-        assert_eq!(
-            reopened.read_committed().await.unwrap(),
-            Some(log_id::<C>(1, 1, 1))
-        );
+        assert_committed_on_disk(store, &path).await;
     }
 }

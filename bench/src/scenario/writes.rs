@@ -147,7 +147,12 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
                 (*c == 128).then(|| s.rate() >= 2.0 * e.rate() && s.pct(0.99) <= e.pct(0.99)),
             ),
             None => (
-                "etcd not installed (apt-get install etcd-server)".into(),
+                if with_etcd {
+                    "etcd not installed or not healthy (apt-get install etcd-server)"
+                } else {
+                    "etcd not run (--no-etcd)"
+                }
+                .into(),
                 None,
             ),
         };

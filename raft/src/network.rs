@@ -469,7 +469,7 @@ where
     E: std::fmt::Display,
 {
     let io = |e: std::io::Error| PeerRpcError::Io(e.to_string());
-    let nonce: [u8; 8] = rand_bytes();
+    let nonce: [u8; 8] = modelforge_proto::random_bytes();
     let name = modelforge_proto::hex(&nonce);
     let path = dir.join(format!("{}{name}", crate::state_machine::INCOMING_PREFIX));
     let file = tokio::fs::File::create(&path).await.map_err(io)?;
@@ -548,12 +548,6 @@ pub async fn install_received<A: Application>(
         .await
         .map_err(|e| PeerRpcError::Raft(e.to_string()))?;
     encode_reply(&answer)
-}
-
-fn rand_bytes<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    getrandom::fill(&mut b).expect("the OS random source");
-    b
 }
 
 #[cfg(test)]

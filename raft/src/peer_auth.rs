@@ -72,8 +72,7 @@ impl PeerSigner {
         body_sha256: [u8; 32],
         hops: u32,
     ) -> String {
-        let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).expect("the operating system's random source works");
+        let nonce: [u8; 16] = modelforge_proto::random_bytes();
         let at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)

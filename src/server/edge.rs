@@ -327,17 +327,19 @@ impl ShedBackoff {
         }
     }
 
-    /// A request was shed: count it; the `Retry-After` to answer, in seconds.
-    pub fn shed(&self) -> u64 {
+    /// `n` agent requests were shed (one, or a relayed batch's items): count them; the
+    /// `Retry-After` to answer, in seconds.
+    pub fn shed(&self, n: u64) -> u64 {
         self.roll(self.now_ms());
-        self.shed_in_window.fetch_add(1, Ordering::Relaxed);
+        self.shed_in_window.fetch_add(n, Ordering::Relaxed);
         self.after_s.load(Ordering::Relaxed)
     }
 
-    /// A request was admitted: count it (and move the window on when a second has passed).
-    pub fn admitted(&self) {
+    /// `n` agent requests were admitted: count them (and move the window on when a second
+    /// has passed). Items, not batches, so that the shed share is a share of requests.
+    pub fn admitted(&self, n: u64) {
         self.roll(self.now_ms());
-        self.admitted_in_window.fetch_add(1, Ordering::Relaxed);
+        self.admitted_in_window.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The `Retry-After` a request shed now would get.
@@ -488,9 +490,9 @@ pub async fn admit_agent(
         ctx.checks
             .shed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return ApiError::over_capacity(ctx.shed_backoff.shed()).into_response();
+        return ApiError::over_capacity(ctx.shed_backoff.shed(1)).into_response();
     };
-    ctx.shed_backoff.admitted();
+    ctx.shed_backoff.admitted(1);
     let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
     ADMITTED
         .scope(std::sync::Mutex::new(Some(slot)), next.run(req))
@@ -588,18 +590,20 @@ mod tests {
         assert_eq!(level(&b), 2, "a few sheds hold the level");
         window(&b, 0, 20_000, 4_000);
         assert_eq!(level(&b), 1, "none halves it");
-        // Counted through the public calls: one admitted, one shed in the window.
+        // Counted through the public calls, by items (a relayed batch counts its heartbeats).
         let b = ShedBackoff::new(7);
-        b.admitted();
-        b.shed();
+        b.admitted(1);
+        b.admitted(512);
+        b.shed(1);
+        b.shed(64);
         assert_eq!(
             b.admitted_in_window
                 .load(std::sync::atomic::Ordering::Relaxed),
-            1
+            513
         );
         assert_eq!(
             b.shed_in_window.load(std::sync::atomic::Ordering::Relaxed),
-            1
+            65
         );
     }
 

@@ -130,7 +130,7 @@ pub async fn relay(ctx: &Shared, req: Request) -> Response {
         ctx.checks
             .shed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return ApiError::over_capacity(ctx.shed_backoff.shed()).into_response();
+        return ApiError::over_capacity(ctx.shed_backoff.shed(1)).into_response();
     }
     match answer.await {
         Ok(a) => into_response(a),
@@ -398,13 +398,14 @@ pub(super) async fn peer_heartbeats(
 /// the whole batch shed, as a direct heartbeat would be, while this member's run queue is over
 /// `--shed-queue-delay` (the relaying member does not admit what it relays).
 async fn decide(ctx: &Shared, items: Vec<Item>) -> Result<Vec<Answer>, Response> {
+    let n = items.len() as u64;
     if ctx.queue_delay.over_target() {
         ctx.checks
             .shed
-            .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        return Err(ApiError::over_capacity(ctx.shed_backoff.shed()).into_response());
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        return Err(ApiError::over_capacity(ctx.shed_backoff.shed(n)).into_response());
     }
-    ctx.shed_backoff.admitted();
+    ctx.shed_backoff.admitted(n);
     // Items run in tasks of `CHUNK` (interleaved within each): a task an item would put
     // hundreds of tasks in the runtime's queue at once, which `--shed-queue-delay` reads as
     // overload, and one task for the whole batch would hold a worker for its whole length.

@@ -24,6 +24,14 @@ pub fn rss_mib(pid: u32) -> f64 {
     status_mib(pid, "VmRSS:")
 }
 
+/// The CPU seconds each of `pids` used since `before` (read with [`cpu_secs`], same order).
+pub fn cpu_since(pids: &[u32], before: &[f64]) -> Vec<f64> {
+    pids.iter()
+        .zip(before)
+        .map(|(&pid, before)| cpu_secs(pid) - before)
+        .collect()
+}
+
 /// The CPU time the process has used (user and system, all threads), in seconds; 0 when it
 /// cannot be read.
 pub fn cpu_secs(pid: u32) -> f64 {

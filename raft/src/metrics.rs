@@ -23,6 +23,10 @@ pub struct RaftMetrics {
     pub fsync: Histogram,
     pub snapshot_build: Histogram,
     pub snapshot_install: Histogram,
+    /// AppendEntries RPCs this member sent as leader (openraft's heartbeats among them).
+    pub appends_sent: Counter,
+    /// AppendEntries requests joined into the one before them instead of sent alone.
+    pub appends_merged: Counter,
 }
 
 /// The process's consensus metrics.
@@ -37,6 +41,8 @@ pub static METRICS: LazyLock<RaftMetrics> = LazyLock::new(|| RaftMetrics {
     // 1 ms .. 65 s.
     snapshot_build: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
     snapshot_install: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+    appends_sent: Counter::default(),
+    appends_merged: Counter::default(),
 });
 
 impl RaftMetrics {
@@ -84,6 +90,16 @@ impl RaftMetrics {
             "Time to check, decode and install a received snapshot",
             Unit::Seconds,
             self.snapshot_install.clone(),
+        );
+        registry.register(
+            "raft_appends_sent",
+            "AppendEntries RPCs this member sent as leader, heartbeats included",
+            self.appends_sent.clone(),
+        );
+        registry.register(
+            "raft_appends_merged",
+            "AppendEntries requests joined into the one before them instead of sent alone",
+            self.appends_merged.clone(),
         );
     }
 }

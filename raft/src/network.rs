@@ -22,9 +22,13 @@ use openraft::OptionalSend;
 use openraft::RaftNetworkFactory;
 use openraft::RaftNetworkV2;
 use openraft::Snapshot;
+use openraft::alias::LogIdOf;
 use openraft::alias::SnapshotMetaOf;
 use openraft::alias::SnapshotOf;
 use openraft::alias::VoteOf;
+use openraft::base::BoxFuture;
+use openraft::base::BoxStream;
+use openraft::entry::RaftEntry;
 use openraft::errors::NetworkError;
 use openraft::errors::RPCError;
 use openraft::errors::ReplicationClosed;
@@ -34,6 +38,7 @@ use openraft::network::RPCOption;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::StreamAppendResult;
 use openraft::raft::TransferLeaderRequest;
 use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
@@ -117,6 +122,126 @@ pub struct PeerClient {
 
 /// The least time an append RPC is given (see `append_entries`).
 const APPEND_TIMEOUT_FLOOR: Duration = Duration::from_secs(1);
+/// How long an append that carries no entry (a commit advance) waits for the next append to
+/// carry it instead (see [`PeerClient::stream_append`]).
+pub const COMMIT_LINGER: Duration = Duration::from_millis(5);
+/// The most entries one merged append carries (openraft's `max_payload_entries` default).
+const MERGE_MAX_ENTRIES: usize = 300;
+
+type AppendReq = AppendEntriesRequest<C>;
+/// What `stream_append` returns: the stream of one result per RPC sent.
+type AppendResults<'s> =
+    BoxFuture<'s, Result<BoxStream<'s, Result<StreamAppendResult<C>, RPCError<C>>>, RPCError<C>>>;
+
+/// The last log id `req` asks the follower to hold: its last entry's, else its `prev_log_id`.
+fn last_log_id(req: &AppendReq) -> Option<LogIdOf<C>> {
+    req.entries
+        .last()
+        .map(RaftEntry::log_id)
+        .or(req.prev_log_id)
+}
+
+/// `next` joined onto `first`, where a follower answers the one request as it would the two in
+/// turn: the same vote, `next` starting where `first` ends, at most `max_entries` entries in
+/// all. Otherwise `first` is left as it was and `next` comes back.
+fn merge_appends(
+    first: &mut AppendReq,
+    next: AppendReq,
+    max_entries: usize,
+) -> Result<(), AppendReq> {
+    let joins = first.vote == next.vote
+        && next.prev_log_id == last_log_id(first)
+        && first.entries.len() + next.entries.len() <= max_entries;
+    if !joins {
+        return Err(next);
+    }
+    first.entries.extend(next.entries);
+    first.leader_commit = first.leader_commit.max(next.leader_commit);
+    Ok(())
+}
+
+/// Appends to one follower through `net`, one RPC at a time, consecutive requests merged (see
+/// ARCHITECTURE, "Appends to a follower"): openraft's own sequential stream sent every commit
+/// advance in an RPC of its own.
+fn merged_appends<'s, N, S>(net: &'s mut N, input: S, option: RPCOption) -> AppendResults<'s>
+where
+    N: RaftNetworkV2<C>,
+    S: futures_util::Stream<Item = AppendReq> + OptionalSend + Unpin + 'static,
+{
+    Box::pin(async move {
+        let start = Some((net, input, None::<AppendReq>));
+        let results = futures_util::stream::unfold(start, move |state| {
+            let option = option.clone();
+            async move {
+                let (net, mut input, held) = state?;
+                let first = match held {
+                    Some(req) => req,
+                    None => input.next().await?,
+                };
+                let (req, after) = gather(&mut input, first, COMMIT_LINGER).await;
+                let (prev, last) = (req.prev_log_id, last_log_id(&req));
+                let resp = match net.append_entries(req, option).await {
+                    Ok(resp) => resp,
+                    Err(e) => return Some((Err(e), None)),
+                };
+                // A partial success short of the last entry ends the stream, as in openraft's
+                // sequential one; openraft resumes from what was matched.
+                let partial =
+                    matches!(&resp, AppendEntriesResponse::PartialSuccess(m) if *m != last);
+                let result = resp.into_stream_result(prev, last);
+                let next = match after {
+                    _ if result.is_err() || partial => None,
+                    After::Ended => None,
+                    After::Nothing => Some((net, input, None)),
+                    After::Held(req) => Some((net, input, Some(req))),
+                };
+                Some((Ok(result), next))
+            }
+        });
+        let results: BoxStream<'s, _> = Box::pin(results);
+        Ok(results)
+    })
+}
+
+/// What [`gather`] found after the request it returns.
+#[derive(Debug)]
+enum After {
+    /// Nothing ready (or the linger passed).
+    Nothing,
+    /// A request that could not join; it goes next.
+    Held(AppendReq),
+    /// The input ended.
+    Ended,
+}
+
+/// `first` joined with every request `input` has ready; a request without entries (a commit
+/// advance) waits up to `linger` for one to join it.
+async fn gather<S>(input: &mut S, first: AppendReq, linger: Duration) -> (AppendReq, After)
+where
+    S: futures_util::Stream<Item = AppendReq> + Unpin,
+{
+    use futures_util::FutureExt;
+    let mut req = first;
+    loop {
+        // Polling the stream and dropping the poll keeps its state: openraft's request stream
+        // is an `unfold` that holds its pending future.
+        let polled = if req.entries.is_empty() {
+            tokio::time::timeout(linger, input.next()).await.ok()
+        } else {
+            input.next().now_or_never()
+        };
+        match polled {
+            None => return (req, After::Nothing),
+            Some(None) => return (req, After::Ended),
+            Some(Some(next)) => match merge_appends(&mut req, next, MERGE_MAX_ENTRIES) {
+                Ok(()) => {
+                    crate::metrics::METRICS.appends_merged.inc();
+                }
+                Err(held) => return (req, After::Held(held)),
+            },
+        }
+    }
+}
 
 impl PeerClient {
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
@@ -286,8 +411,20 @@ impl RaftNetworkV2<C> for PeerClient {
         // a follower that takes longer (an fsync and 300 entries on a loaded machine) had its
         // answer thrown away and the batch sent again, a retry storm that stalled commits
         // under an enrolment wave. The sequential stream waits for the answer instead.
+        crate::metrics::METRICS.appends_sent.inc();
         self.call("append", &rpc, option.soft_ttl().max(APPEND_TIMEOUT_FLOOR))
             .await
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, Result<StreamAppendResult<C>, RPCError<C>>>, RPCError<C>>>
+    where
+        S: futures_util::Stream<Item = AppendReq> + OptionalSend + Unpin + 'static,
+    {
+        merged_appends(self, input, option)
     }
 
     async fn vote(
@@ -552,7 +689,146 @@ pub async fn install_received<A: Application>(
 
 #[cfg(test)]
 mod tests {
+    use openraft::testing::blank_ent;
+    use openraft::testing::log_id;
+    use tokio::sync::mpsc;
+
     use super::*;
+
+    /// An append of entries `from..=to` (none when `to < from`) after `from - 1`, in term
+    /// `term`, carrying commit `commit`.
+    fn append(term: u64, from: u64, to: u64, commit: u64) -> AppendReq {
+        AppendEntriesRequest {
+            vote: VoteOf::<C>::new(term, 1),
+            prev_log_id: Some(log_id::<C>(1, 1, from - 1)),
+            entries: (from..=to).map(|i| blank_ent::<C>(1, 1, i)).collect(),
+            leader_commit: Some(log_id::<C>(1, 1, commit)),
+        }
+    }
+
+    type Shape = (VoteOf<C>, Option<LogIdOf<C>>, Vec<u64>, Option<LogIdOf<C>>);
+
+    /// What a follower is asked: vote, prev log id, the entries' indexes, commit.
+    fn shape(req: &AppendReq) -> Shape {
+        let indexes = req.entries.iter().map(|e| e.log_id().index).collect();
+        (req.vote, req.prev_log_id, indexes, req.leader_commit)
+    }
+
+    /// A request stream fed by the returned sender; each poll that finds nothing says so on the
+    /// returned receiver (so a test sends only once `gather` waits).
+    fn requests() -> (
+        mpsc::UnboundedSender<AppendReq>,
+        mpsc::UnboundedReceiver<()>,
+        impl futures_util::Stream<Item = AppendReq> + Unpin,
+    ) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (waiting_tx, waiting) = mpsc::unbounded_channel();
+        let stream = futures_util::stream::poll_fn(move |cx| {
+            let polled = rx.poll_recv(cx);
+            if polled.is_pending() {
+                let _ = waiting_tx.send(());
+            }
+            polled
+        });
+        (tx, waiting, stream)
+    }
+
+    #[test]
+    fn consecutive_appends_merge_into_one() {
+        let merged = |mut first: AppendReq, next: AppendReq| {
+            merge_appends(&mut first, next, 300).unwrap();
+            first
+        };
+        let m = merged(append(1, 2, 3, 1), append(1, 4, 4, 3));
+        assert_eq!(m.prev_log_id, Some(log_id::<C>(1, 1, 1)));
+        assert_eq!(shape(&m).2, [2, 3, 4]);
+        assert_eq!(m.leader_commit, Some(log_id::<C>(1, 1, 3)));
+        // A commit advance after entries, and entries after a commit advance.
+        let m = merged(append(1, 2, 3, 1), append(1, 4, 3, 3));
+        assert_eq!(m.entries.len(), 2);
+        assert_eq!(m.leader_commit, Some(log_id::<C>(1, 1, 3)));
+        let m = merged(append(1, 4, 3, 3), append(1, 4, 5, 3));
+        assert_eq!(m.prev_log_id, Some(log_id::<C>(1, 1, 3)));
+        assert_eq!(m.entries.len(), 2);
+    }
+
+    #[test]
+    fn appends_that_do_not_follow_on_stay_apart() {
+        let cases = [
+            ("a gap", append(1, 2, 3, 1), append(1, 5, 5, 1), 300),
+            ("an overlap", append(1, 2, 3, 1), append(1, 3, 4, 1), 300),
+            ("another vote", append(1, 2, 3, 1), append(2, 4, 4, 1), 300),
+            ("over the cap", append(1, 2, 3, 1), append(1, 4, 4, 1), 2),
+        ];
+        for (what, first, next, cap) in cases {
+            let (a, b) = (shape(&first), shape(&next));
+            let mut first = first;
+            let Err(back) = merge_appends(&mut first, next, cap) else {
+                panic!("{what}: merged");
+            };
+            assert_eq!((shape(&first), shape(&back)), (a, b), "{what}: changed");
+        }
+    }
+
+    /// Requests already generated join the first; one that cannot join is held for next.
+    #[tokio::test]
+    async fn ready_appends_join_and_the_first_misfit_is_held() {
+        let (tx, _waiting, mut input) = requests();
+        tx.send(append(1, 4, 4, 2)).unwrap();
+        tx.send(append(1, 5, 4, 3)).unwrap();
+        tx.send(append(2, 5, 5, 3)).unwrap();
+        let (req, after) = gather(&mut input, append(1, 2, 3, 1), Duration::from_secs(3600)).await;
+        assert_eq!(req.entries.len(), 3);
+        assert_eq!(req.leader_commit, Some(log_id::<C>(1, 1, 3)));
+        let After::Held(held) = after else {
+            panic!("nothing held: {after:?}");
+        };
+        assert_eq!(shape(&held), shape(&append(2, 5, 5, 3)));
+    }
+
+    /// An append with entries never waits for more (a linger of an hour would hang the test).
+    #[tokio::test]
+    async fn an_append_with_entries_goes_at_once() {
+        let (_tx, _waiting, mut input) = requests();
+        let gathered = gather(&mut input, append(1, 2, 3, 1), Duration::from_secs(3600));
+        let (req, after) = tokio::time::timeout(Duration::from_secs(10), gathered)
+            .await
+            .expect("an append with entries waited");
+        assert_eq!(req.entries.len(), 2);
+        assert!(matches!(after, After::Nothing), "{after:?}");
+    }
+
+    /// A commit advance waits for the next append and rides along with it: one RPC, not two.
+    #[tokio::test]
+    async fn a_commit_advance_waits_for_the_next_append() {
+        let (tx, mut waiting, mut input) = requests();
+        let sender = tokio::spawn(async move {
+            waiting.recv().await;
+            tx.send(append(1, 4, 4, 3)).unwrap();
+            tx
+        });
+        let (req, after) = gather(&mut input, append(1, 4, 3, 3), Duration::from_secs(3600)).await;
+        assert_eq!(req.entries.len(), 1, "the commit advance went alone");
+        assert_eq!(req.prev_log_id, Some(log_id::<C>(1, 1, 3)));
+        assert!(matches!(after, After::Nothing), "{after:?}");
+        drop(sender.await.unwrap());
+    }
+
+    /// With nothing to ride on, a commit advance goes alone once the linger passes; an ended
+    /// input is reported.
+    #[tokio::test]
+    async fn a_commit_advance_goes_alone_after_the_linger() {
+        let (tx, _waiting, mut input) = requests();
+        let linger = Duration::from_millis(20);
+        let started = std::time::Instant::now();
+        let (req, after) = gather(&mut input, append(1, 4, 3, 3), linger).await;
+        assert!(started.elapsed() >= linger);
+        assert_eq!(shape(&req), shape(&append(1, 4, 3, 3)));
+        assert!(matches!(after, After::Nothing), "{after:?}");
+        drop(tx);
+        let (_, after) = gather(&mut input, append(1, 4, 3, 3), linger).await;
+        assert!(matches!(after, After::Ended), "{after:?}");
+    }
 
     fn chunks(
         body: &[u8],

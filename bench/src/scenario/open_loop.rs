@@ -11,6 +11,7 @@ use super::Bench;
 use super::population::Population;
 use crate::cluster::ADMIN;
 use crate::cluster::cpu_secs;
+use crate::cluster::cpu_since;
 use crate::load;
 use crate::load::Stats;
 
@@ -182,12 +183,4 @@ pub async fn run(bench: &mut Bench, pop: &Population) {
         "settled after the open-loop steps in {:.1} s",
         settle.elapsed().as_secs_f64()
     );
-}
-
-/// The CPU seconds each of `pids` used since `before` (read with [`cpu_secs`], same order).
-fn cpu_since(pids: &[u32], before: &[f64]) -> Vec<f64> {
-    pids.iter()
-        .zip(before)
-        .map(|(&pid, before)| cpu_secs(pid) - before)
-        .collect()
 }

@@ -10,6 +10,8 @@ use super::Bench;
 use super::enrolment::ClusterA;
 use crate::cluster::ADMIN;
 use crate::cluster::Etcd;
+use crate::cluster::cpu_secs;
+use crate::cluster::cpu_since;
 use crate::load::SimAgent;
 use crate::load::Stats;
 use crate::load::drive;
@@ -74,10 +76,14 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
         let perf = super::perf_record(&format!("writes_{c}_clients"), &pids, p.dur);
         let urls = a.cluster.urls();
         let before = server_time(&http, leader_url).await;
-        let fsyncs_before = fsyncs(&http, &urls).await;
+        let fsyncs_before = counters(&http, &urls, FSYNCS).await;
+        let rpcs_before = raft_rpcs(&http, &urls).await;
+        let cpu_before: Vec<f64> = pids.iter().map(|&pid| cpu_secs(pid)).collect();
         let s = measure(&http, agents_a, leader_url, c, p.dur).await;
+        let cpu = cpu_since(&pids, &cpu_before);
         let after = server_time(&http, leader_url).await;
-        let fsyncs_after = fsyncs(&http, &urls).await;
+        let fsyncs_after = counters(&http, &urls, FSYNCS).await;
+        let rpcs_after = raft_rpcs(&http, &urls).await;
         if let Some(mut perf) = perf {
             let _ = perf.wait();
         }
@@ -95,13 +101,33 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
             .zip(&fsyncs_after)
             .map(|(b, a)| b.zip(*a).map(|(b, a)| (a - b) / answered))
             .collect();
+        // Raft RPCs each follower served per answered write (openraft's heartbeats, 20 a
+        // second, among them): one is a write in an RPC of its own; fewer is batching.
+        let leader = urls.iter().position(|u| u == leader_url);
+        let per_follower: Vec<f64> = rpcs_before
+            .iter()
+            .zip(&rpcs_after)
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != leader)
+            .filter_map(|(_, (b, a))| Some((a.as_ref()? - b.as_ref()?) / answered))
+            .collect();
+        let appends_per_write = (!per_follower.is_empty())
+            .then(|| per_follower.iter().sum::<f64>() / per_follower.len() as f64);
+        // What a write costs each member's CPU (the steadier figure on a noisy machine).
+        let cpu_ms_per_write: Vec<f64> = cpu.iter().map(|s| 1000.0 * s / answered).collect();
         println!(
-            "  writes, {c} clients: {:.0}/s p50 {:.2} ms p99 {:.2} ms ({} failed); mean on the leader {}; log fsyncs per write by member {}",
+            "  writes, {c} clients: {:.0}/s p50 {:.2} ms p99 {:.2} ms ({} failed); mean on the leader {}; CPU ms per write by member {}; Raft RPCs per write per follower {}; log fsyncs per write by member {}",
             s.rate(),
             s.pct(0.5),
             s.pct(0.99),
             s.failed,
             server_ms.map_or("unknown".into(), |ms| format!("{ms:.2} ms")),
+            cpu_ms_per_write
+                .iter()
+                .map(|ms| format!("{ms:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            appends_per_write.map_or("?".into(), |a| format!("{a:.2}")),
             fsyncs_per_write
                 .iter()
                 .map(|f| f.map_or("?".into(), |f| format!("{f:.2}")))
@@ -111,6 +137,8 @@ pub async fn run(b: &mut Bench, a: &ClusterA, with_etcd: bool) {
         let mut json = s.json();
         json["leader_mean_ms"] = serde_json::json!(server_ms);
         json["log_fsyncs_per_write"] = serde_json::json!(fsyncs_per_write);
+        json["raft_rpcs_per_write_per_follower"] = serde_json::json!(appends_per_write);
+        json["cpu_ms_per_write"] = serde_json::json!(cpu_ms_per_write);
         r.put(&format!("writes_{c}_clients"), json);
         ours.push(s);
     }
@@ -214,17 +242,36 @@ async fn etcd_writes(
     out
 }
 
-/// Each member's Raft log group commits so far (`None` where its metrics did not answer).
-async fn fsyncs(http: &reqwest::Client, urls: &[String]) -> Vec<Option<f64>> {
+/// The series of a member's Raft log group commits.
+const FSYNCS: &str = "modelforge_disk_fsync_duration_seconds_count";
+
+/// Each member's value of the unlabelled `series` (`None` where its metrics did not answer).
+async fn counters(http: &reqwest::Client, urls: &[String], series: &str) -> Vec<Option<f64>> {
     let mut out = vec![];
     for url in urls {
         let count = metrics_text(http, url).await.and_then(|text| {
-            text.lines().find_map(|line| {
-                line.strip_prefix("modelforge_disk_fsync_duration_seconds_count ")
-                    .and_then(|v| v.parse().ok())
-            })
+            text.lines()
+                .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         });
         out.push(count);
+    }
+    out
+}
+
+/// The Raft RPCs each member has served (`None` where its metrics did not answer).
+async fn raft_rpcs(http: &reqwest::Client, urls: &[String]) -> Vec<Option<f64>> {
+    let mut out = vec![];
+    for url in urls {
+        let served = metrics_text(http, url).await.map(|text| {
+            text.lines()
+                .filter(|line| {
+                    line.starts_with("modelforge_http_requests_total{")
+                        && line.contains("route=\"/internal/v1/raft/{kind}\"")
+                })
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        });
+        out.push(served);
     }
     out
 }

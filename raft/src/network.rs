@@ -162,7 +162,9 @@ fn merge_appends(
 
 /// Appends to one follower through `net`, one RPC at a time, consecutive requests merged (see
 /// ARCHITECTURE, "Appends to a follower"): openraft's own sequential stream sent every commit
-/// advance in an RPC of its own.
+/// advance in an RPC of its own. One result answers every request merged into its RPC because
+/// openraft (0.10.0-alpha.37, `replication/inflight_append_queue.rs`) drains its in-flight
+/// requests by the log id a result matched, not one per result: check that on every upgrade.
 fn merged_appends<'s, N, S>(net: &'s mut N, input: S, option: RPCOption) -> AppendResults<'s>
 where
     N: RaftNetworkV2<C>,
@@ -221,12 +223,18 @@ where
     S: futures_util::Stream<Item = AppendReq> + Unpin,
 {
     use futures_util::FutureExt;
+    // One deadline: commit advances that join one another do not extend the wait.
+    let deadline = tokio::time::Instant::now() + linger;
     let mut req = first;
     loop {
+        if req.entries.len() >= MERGE_MAX_ENTRIES {
+            // Full: reading the next batch now would only hold it.
+            return (req, After::Nothing);
+        }
         // Polling the stream and dropping the poll keeps its state: openraft's request stream
         // is an `unfold` that holds its pending future.
         let polled = if req.entries.is_empty() {
-            tokio::time::timeout(linger, input.next()).await.ok()
+            tokio::time::timeout_at(deadline, input.next()).await.ok()
         } else {
             input.next().now_or_never()
         };
@@ -777,13 +785,29 @@ mod tests {
         tx.send(append(1, 4, 4, 2)).unwrap();
         tx.send(append(1, 5, 4, 3)).unwrap();
         tx.send(append(2, 5, 5, 3)).unwrap();
-        let (req, after) = gather(&mut input, append(1, 2, 3, 1), Duration::from_secs(3600)).await;
+        let gathered = gather(&mut input, append(1, 2, 3, 1), Duration::from_secs(3600));
+        let (req, after) = tokio::time::timeout(Duration::from_secs(10), gathered)
+            .await
+            .expect("ready appends waited for more");
         assert_eq!(req.entries.len(), 3);
         assert_eq!(req.leader_commit, Some(log_id::<C>(1, 1, 3)));
         let After::Held(held) = after else {
             panic!("nothing held: {after:?}");
         };
         assert_eq!(shape(&held), shape(&append(2, 5, 5, 3)));
+    }
+
+    /// A full append goes as it is; the next one stays in the stream, unread.
+    #[tokio::test]
+    async fn a_full_append_reads_no_further() {
+        let (tx, _waiting, mut input) = requests();
+        let full = MERGE_MAX_ENTRIES as u64;
+        tx.send(append(1, full + 2, full + 2, 1)).unwrap();
+        let (req, after) = gather(&mut input, append(1, 2, full + 1, 1), COMMIT_LINGER).await;
+        assert_eq!(req.entries.len(), MERGE_MAX_ENTRIES);
+        assert!(matches!(after, After::Nothing), "{after:?}");
+        let next = input.next().await.expect("the next append was read");
+        assert_eq!(shape(&next).2, [full + 2]);
     }
 
     /// An append with entries never waits for more (a linger of an hour would hang the test).
@@ -807,7 +831,10 @@ mod tests {
             tx.send(append(1, 4, 4, 3)).unwrap();
             tx
         });
-        let (req, after) = gather(&mut input, append(1, 4, 3, 3), Duration::from_secs(3600)).await;
+        let gathered = gather(&mut input, append(1, 4, 3, 3), Duration::from_secs(3600));
+        let (req, after) = tokio::time::timeout(Duration::from_secs(10), gathered)
+            .await
+            .expect("the next append never joined the commit advance");
         assert_eq!(req.entries.len(), 1, "the commit advance went alone");
         assert_eq!(req.prev_log_id, Some(log_id::<C>(1, 1, 3)));
         assert!(matches!(after, After::Nothing), "{after:?}");

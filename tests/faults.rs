@@ -418,6 +418,10 @@ async fn a_refusal_and_telemetry_survive_the_leaders_death() {
         )
         .await;
     }
+    // The old leader's latest sample of a, read after the shares above: a's last heartbeat
+    // may still have been on its way (relayed, or in its supervisor's mailbox) when `before`
+    // was read, and the shares carry it.
+    let last = c.node(aid).await;
 
     c.kill9(leader);
     let new_leader = c.wait_leader().await;
@@ -433,7 +437,12 @@ async fn a_refusal_and_telemetry_survive_the_leaders_death() {
         telemetry(&after).is_some() && after.telemetry_at.is_some(),
         "the new leader shows no telemetry: {after:?}"
     );
-    assert!(after.telemetry_at <= before.telemetry_at);
+    assert!(
+        after.telemetry_at <= last.telemetry_at,
+        "the new leader shows a sample newer than the old leader's last: {:?} > {:?}",
+        after.telemetry_at,
+        last.telemetry_at
+    );
     assert!(
         !after.summary.accelerators_verified,
         "a shared sample is no fresh hardware report"

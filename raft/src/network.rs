@@ -124,7 +124,7 @@ pub struct PeerClient {
 const APPEND_TIMEOUT_FLOOR: Duration = Duration::from_secs(1);
 /// How long an append that carries no entry (a commit advance) waits for the next append to
 /// carry it instead (see [`PeerClient::stream_append`]).
-pub const COMMIT_LINGER: Duration = Duration::from_millis(5);
+const COMMIT_LINGER: Duration = Duration::from_millis(5);
 /// The most entries one merged append carries (openraft's `max_payload_entries` default).
 const MERGE_MAX_ENTRIES: usize = 300;
 

@@ -248,14 +248,15 @@ pub async fn enrol(
                 let i = first_index + k;
                 let key = IdentityKey::generate();
                 let host = format!("gpu-{i:06}.bench");
-                let body = json!({"token": tok, "hostname": host,
-                    "identity": key.prove(&tok[5..37], &host, modelforge_proto::now_ms(), None),
-                    "inventory": inventory(i)});
                 // Like the agent: on no answer or 5xx try the next member; a retry of the same
-                // claim by the same identity is safe.
+                // claim by the same identity is safe, with a proof signed afresh (a member
+                // refuses a proof no later than the one it accepted: a replay).
                 let mut last = String::from("nothing");
                 for attempt in 0..12 {
                     let u = &urls[(i + attempt) % urls.len()];
+                    let body = json!({"token": tok, "hostname": host,
+                        "identity": key.prove(&tok[5..37], &host, modelforge_proto::now_ms(), None),
+                        "inventory": inventory(i)});
                     let r = match h
                         .post(format!("{u}/api/v1/agent/enroll"))
                         .json(&body)
@@ -265,6 +266,7 @@ pub async fn enrol(
                         Ok(r) => r,
                         Err(e) => {
                             last = format!("no answer ({e})");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
                             continue;
                         }
                     };

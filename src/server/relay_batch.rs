@@ -47,6 +47,7 @@ struct Item {
     /// The node id of the path, unparsed (the leader checks it as it checks a path).
     node_id: String,
     /// The `Authorization` header's bytes, if any.
+    #[serde(with = "raw_bytes::option")]
     authorization: Option<Vec<u8>>,
     /// The agent's address (trusted by the leader only from a member's certificate).
     client: IpAddr,
@@ -62,6 +63,7 @@ struct Item {
 struct Answer {
     status: u16,
     retry_after: Option<u64>,
+    #[serde(with = "raw_bytes")]
     body: Vec<u8>,
 }
 
@@ -106,12 +108,19 @@ pub async fn relay(ctx: &Shared, req: Request) -> Response {
     let Ok(bytes) = axum::body::to_bytes(body, ctx.cfg.max_body_bytes).await else {
         return ApiError::too_large().into_response();
     };
-    let Ok(body) = String::from_utf8(bytes.to_vec()) else {
-        return match super::extract::parse_json::<modelforge_proto::wire::Telemetry>(&bytes) {
-            Err(e) => e.into_response(),
-            Ok(_) => ApiError::new(ErrorCode::InvalidJson, "the request body is not valid JSON")
-                .into_response(),
-        };
+    // The body's own buffer becomes the item's (no copy when hyper handed over one piece).
+    let body = match String::from_utf8(Vec::from(bytes)) {
+        Ok(body) => body,
+        Err(e) => {
+            let bytes = e.into_bytes();
+            return match super::extract::parse_json::<modelforge_proto::wire::Telemetry>(&bytes) {
+                Err(e) => e.into_response(),
+                Ok(_) => {
+                    ApiError::new(ErrorCode::InvalidJson, "the request body is not valid JSON")
+                        .into_response()
+                }
+            };
+        }
     };
     let item = Item {
         node_id: heartbeat_node(parts.uri.path())
@@ -480,9 +489,159 @@ async fn answer_of(resp: Response) -> Answer {
     }
 }
 
+/// Byte strings on the peer wire as one slice, not as a sequence of numbers: serde's own
+/// `Vec<u8>` goes through a visitor call a byte, which was 1-2% of the leader's samples with
+/// heartbeats spread (docs/perf/2026-12-07-heartbeats-spread-slow-machine.svg). The bytes on
+/// the wire are the same either way (bincode writes the length, then the bytes), so members of
+/// either build relay to each other during a rolling upgrade.
+mod raw_bytes {
+    use serde::Deserializer;
+    use serde::Serializer;
+    use serde::de::SeqAccess;
+    use serde::de::Visitor;
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_byte_buf(Bytes)
+    }
+
+    struct Bytes;
+
+    impl<'de> Visitor<'de> for Bytes {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+            while let Some(b) = seq.next_element()? {
+                v.push(b);
+            }
+            Ok(v)
+        }
+    }
+
+    /// The same for an optional byte string.
+    pub mod option {
+        use serde::Deserializer;
+        use serde::Serializer;
+        use serde::de::Visitor;
+
+        pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+            struct Raw<'a>(&'a [u8]);
+            impl serde::Serialize for Raw<'_> {
+                fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    s.serialize_bytes(self.0)
+                }
+            }
+            match v {
+                Some(v) => s.serialize_some(&Raw(v)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+            d.deserialize_option(Opt)
+        }
+
+        struct Opt;
+
+        impl<'de> Visitor<'de> for Opt {
+            type Value = Option<Vec<u8>>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("optional bytes")
+            }
+
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                super::deserialize(d).map(Some)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The peer wire as serde's own `Vec<u8>` writes it: what a member of the previous build
+    /// sends and expects.
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct OldItem {
+        node_id: String,
+        authorization: Option<Vec<u8>>,
+        client: IpAddr,
+        body: String,
+        request_id: Option<String>,
+    }
+
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct OldAnswer {
+        status: u16,
+        retry_after: Option<u64>,
+        body: Vec<u8>,
+    }
+
+    #[test]
+    fn byte_strings_keep_the_wire_of_serdes_own_vec_and_round_trip() {
+        for authorization in [None, Some(vec![]), Some(b"Bearer mfc_\xff\x00".to_vec())] {
+            let old = OldItem {
+                node_id: "n-1".into(),
+                authorization: authorization.clone(),
+                client: IpAddr::from([10, 0, 0, 7]),
+                body: "{}".into(),
+                request_id: Some("r-1".into()),
+            };
+            let new = Item {
+                node_id: old.node_id.clone(),
+                authorization: authorization.clone(),
+                client: old.client,
+                body: old.body.clone(),
+                request_id: old.request_id.clone(),
+            };
+            // A batch goes as a slice (`to_leader`), a sequence with its length.
+            let bytes = codec::encode(std::slice::from_ref(&new)).unwrap();
+            assert_eq!(bytes, codec::encode(std::slice::from_ref(&old)).unwrap());
+            let back: Vec<Item> = codec::decode(&bytes).unwrap();
+            assert_eq!(back[0].authorization, authorization);
+            assert_eq!(back[0].body, old.body);
+            let old_back: Vec<OldItem> = codec::decode(&bytes).unwrap();
+            assert_eq!(old_back, [old]);
+        }
+        let body = br#"{"status":"ok"}"#.to_vec();
+        let new = Answer {
+            status: 200,
+            retry_after: Some(3),
+            body: body.clone(),
+        };
+        let old = OldAnswer {
+            status: 200,
+            retry_after: Some(3),
+            body: body.clone(),
+        };
+        let bytes = codec::encode(&new).unwrap();
+        assert_eq!(bytes, codec::encode(&old).unwrap());
+        let back: Answer = codec::decode(&bytes).unwrap();
+        assert_eq!(back.body, body);
+        assert_eq!(codec::decode::<OldAnswer>(&bytes).unwrap(), old);
+    }
 
     type Started = mpsc::UnboundedReceiver<(Vec<u32>, oneshot::Sender<()>)>;
 

@@ -108,7 +108,8 @@ pub async fn relay(ctx: &Shared, req: Request) -> Response {
     let Ok(bytes) = axum::body::to_bytes(body, ctx.cfg.max_body_bytes).await else {
         return ApiError::too_large().into_response();
     };
-    // The body's own buffer becomes the item's (no copy when hyper handed over one piece).
+    // The body's buffer becomes the item's: reused when nothing else shares it, else copied
+    // once (as `to_vec` always did).
     let body = match String::from_utf8(Vec::from(bytes)) {
         Ok(body) => body,
         Err(e) => {
@@ -497,7 +498,6 @@ async fn answer_of(resp: Response) -> Answer {
 mod raw_bytes {
     use serde::Deserializer;
     use serde::Serializer;
-    use serde::de::SeqAccess;
     use serde::de::Visitor;
 
     pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -522,14 +522,6 @@ mod raw_bytes {
         }
 
         fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-            Ok(v)
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-            while let Some(b) = seq.next_element()? {
-                v.push(b);
-            }
             Ok(v)
         }
     }
